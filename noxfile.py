@@ -1,0 +1,158 @@
+"""Nox sessions for the Entrepot monorepo: one test and one benchmark session per package.
+
+A plain `nox` runs the default set: lint, typecheck, metadata and every tests-<name>.
+Each tests-<name> session builds a fresh venv holding only torch, the package's sibling
+dependencies (installed from their local folders) and the package with its `test` extra, so
+an import the package did not declare fails there.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+REPORTS = ROOT / ".nox-reports"
+
+# This machine's CPU wheel; a GPU user sets ENTREPOT_TORCH_SPEC (e.g. "torch>=2.6") before running nox.
+TORCH_SPEC = os.environ.get("ENTREPOT_TORCH_SPEC", "torch==2.13.0")
+
+# Package -> the entrepot siblings it depends on (in install order) and the extras its tests use.
+PACKAGES: dict[str, dict[str, list[str]]] = {
+    "batching": {"siblings": [], "extras": ["test"]},
+    "dock": {"siblings": ["batching"], "extras": ["test"]},
+    "resharding": {"siblings": [], "extras": ["test"]},
+    "grpo": {"siblings": ["batching", "dock", "resharding"], "extras": ["test"]},
+    "cli": {"siblings": ["batching", "dock", "resharding", "grpo"], "extras": ["test"]},
+}
+
+# Thread settings for every process that runs torch on a small shared machine (OpenMP spinning
+# made small jobs 5-10x slower here).
+TORCH_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.reuse_existing_virtualenvs = False
+nox.options.sessions = ["lint", "typecheck", "metadata", *(f"tests-{name}" for name in PACKAGES)]
+
+
+def _uv_find_links() -> None:
+    """uv ignores pip's configuration: hand it pip's find-links so it takes the local CPU torch wheel."""
+    if "UV_FIND_LINKS" in os.environ or shutil.which("pip") is None:
+        return
+    found = subprocess.run(
+        ["pip", "config", "get", "global.find-links"], capture_output=True, text=True, check=False
+    )
+    if found.returncode == 0 and found.stdout.strip():
+        os.environ["UV_FIND_LINKS"] = found.stdout.strip()
+
+
+_uv_find_links()
+
+
+def _package_dir(name: str) -> str:
+    return str(ROOT / "packages" / name)
+
+
+def _install_package(session: nox.Session, name: str, extras: list[str] | None = None) -> None:
+    """Install one package and its siblings from local folders, with torch pinned, in one resolve."""
+    spec = PACKAGES[name]
+    targets = [_package_dir(sibling) for sibling in spec["siblings"]]
+    extra = f"[{','.join(extras)}]" if extras else ""
+    targets.append(f"{_package_dir(name)}{extra}")
+    session.install(TORCH_SPEC, *targets)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check over the whole tree."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy over every package's src, namespace-aware (see [tool.mypy] in pyproject.toml)."""
+    session.install(TORCH_SPEC, "mypy>=1.11", "types-PyYAML", *(_package_dir(name) for name in PACKAGES))
+    session.run("mypy", *(f"packages/{name}/src" for name in PACKAGES), env=TORCH_ENV)
+
+
+@nox.session
+def metadata(session: nox.Session) -> None:
+    """Every package names its entrepot siblings by version range, never by a local path."""
+    session.install("pytest>=8", "packaging>=23")
+    _run_pytest(session, "metadata", "tests")
+
+
+def _run_pytest(session: nox.Session, report: str, *paths: str) -> None:
+    REPORTS.mkdir(exist_ok=True)
+    session.run(
+        "pytest",
+        *paths,
+        f"--junitxml={REPORTS / report}.xml",
+        *session.posargs,
+        env=TORCH_ENV,
+    )
+
+
+def _tests(name: str) -> None:
+    @nox.session(name=f"tests-{name}")
+    def session_fn(session: nox.Session) -> None:
+        _install_package(session, name, PACKAGES[name]["extras"])
+        _run_pytest(session, f"tests-{name}", f"packages/{name}/tests")
+
+    session_fn.__doc__ = f"Fresh venv with entrepot-{name} and its declared deps only; runs its tests."
+
+
+def _bench(name: str) -> None:
+    @nox.session(name=f"bench-{name}", default=False)
+    def session_fn(session: nox.Session) -> None:
+        _install_package(session, name, PACKAGES[name]["extras"])
+        benchmarks = sorted((ROOT / "packages" / name / "benchmarks").glob("bench_*.py"))
+        if not benchmarks:
+            session.error(f"packages/{name}/benchmarks has no bench_*.py")
+        for script in benchmarks:
+            session.run("python", str(script), *session.posargs, env=TORCH_ENV)
+
+    session_fn.__doc__ = f"Run packages/{name}/benchmarks/bench_*.py (each prints ratios vs a baseline)."
+
+
+for _name in PACKAGES:
+    _tests(_name)
+    _bench(_name)
+
+
+@nox.session(default=False)
+def build(session: nox.Session) -> None:
+    """Build sdist + wheel of every package with hatch into dist/, then install each wheel alone."""
+    dist = ROOT / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    session.install("hatch>=1.12", "packaging>=23")
+    for name in PACKAGES:
+        session.run("hatch", "-p", _package_dir(name), "build", str(dist))
+    artifacts = sorted(p.name for p in dist.iterdir())
+    session.log(f"{len(artifacts)} artifacts: {', '.join(artifacts)}")
+    if len(artifacts) != 2 * len(PACKAGES):
+        session.error(f"expected {2 * len(PACKAGES)} artifacts in dist/, found {len(artifacts)}")
+    session.run("python", str(ROOT / "tests" / "wheel_metadata.py"), str(dist))
+    for name in PACKAGES:
+        _install_wheel_alone(session, name, dist)
+
+
+def _install_wheel_alone(session: nox.Session, name: str, dist: Path) -> None:
+    """A clean venv, torch pinned, the wheel and its declared deps (siblings from dist/), then import it."""
+    venv = Path(session.create_tmp()) / f"alone-{name}"
+    shutil.rmtree(venv, ignore_errors=True)
+    session.run("uv", "venv", "-q", "-p", "python3", str(venv), external=True)
+    python = str(venv / "bin" / "python")
+    wheel = next(dist.glob(f"entrepot_{name}-*.whl"))
+    session.run(
+        "uv", "pip", "install", "-q", "--python", python, "--find-links", str(dist),
+        TORCH_SPEC, str(wheel), external=True,
+    )
+    session.run(python, "-c", f"import entrepot.{name}; print('entrepot.{name}', entrepot.{name}.__version__)",
+                external=True, env=TORCH_ENV)

@@ -1,0 +1,52 @@
+"""The `rl` Typer application: sub-apps are registered here, their heavy imports stay inside commands."""
+
+from __future__ import annotations
+
+import typer
+
+from entrepot.cli.versions import ENTREPOT_DISTRIBUTIONS, STACK_DISTRIBUTIONS, installed_versions
+
+app = typer.Typer(
+    name="rl",
+    help="Entrepot: RL post-training (GRPO) with an experience dock and co-located resharding.",
+    no_args_is_help=True,
+    add_completion=True,
+)
+
+
+def _print_versions(include_stack: bool) -> None:
+    for name, version in installed_versions(ENTREPOT_DISTRIBUTIONS).items():
+        typer.echo(f"{name} {version}")
+    if include_stack:
+        for name, version in installed_versions(STACK_DISTRIBUTIONS).items():
+            typer.echo(f"{name} {version}")
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        _print_versions(include_stack=True)
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_version_callback,
+        is_eager=True,
+        help="Print every installed entrepot package and the stack versions, then exit.",
+    ),
+) -> None:
+    """Entrepot RL post-training."""
+
+
+@app.command("version")
+def version_command() -> None:
+    """Print every installed entrepot package with its version, plus torch, ray, megatron-core, vllm."""
+    _print_versions(include_stack=True)
+
+
+def main() -> None:
+    """Console-script entry point for `rl`."""
+    app()

@@ -1,0 +1,26 @@
+import subprocess
+import sys
+import time
+
+from typer.testing import CliRunner
+
+from entrepot.cli.app import app
+
+
+def test_version_lists_every_installed_entrepot_package() -> None:
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0
+    for name in ("entrepot-batching", "entrepot-dock", "entrepot-resharding", "entrepot-grpo", "entrepot-cli"):
+        assert f"{name} 0.1" in result.output
+    assert "torch " in result.output
+
+
+def test_help_starts_in_under_a_second() -> None:
+    # Warm the file-system cache once, then time a cold interpreter answering --help.
+    cmd = [sys.executable, "-c", "from entrepot.cli.app import main; main()", "--help"]
+    subprocess.run(cmd, check=True, capture_output=True)
+    start = time.perf_counter()
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    assert "grpo" in done.stdout or "version" in done.stdout
+    assert elapsed < 1.0, f"rl --help took {elapsed:.2f}s"
