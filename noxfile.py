@@ -151,8 +151,22 @@ def _install_wheel_alone(session: nox.Session, name: str, dist: Path) -> None:
     python = str(venv / "bin" / "python")
     wheel = next(dist.glob(f"entrepot_{name}-*.whl"))
     session.run(
-        "uv", "pip", "install", "-q", "--python", python, "--find-links", str(dist),
-        TORCH_SPEC, str(wheel), external=True,
+        "uv",
+        "pip",
+        "install",
+        "-q",
+        "--python",
+        python,
+        "--find-links",
+        str(dist),
+        TORCH_SPEC,
+        str(wheel),
+        external=True,
     )
-    session.run(python, "-c", f"import entrepot.{name}; print('entrepot.{name}', entrepot.{name}.__version__)",
-                external=True, env=TORCH_ENV)
+    session.run(
+        python,
+        "-c",
+        f"import entrepot.{name}; print('entrepot.{name}', entrepot.{name}.__version__)",
+        external=True,
+        env=TORCH_ENV,
+    )

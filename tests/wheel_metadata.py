@@ -20,7 +20,9 @@ def sibling_problems(requirements: list[str], owner: str) -> list[str]:
         if req.url:
             problems.append(f"{owner}: {req.name} is pinned to a location ({req.url}), not a version range")
         elif not req.specifier or any(spec.operator in ("==", "===") for spec in req.specifier):
-            problems.append(f"{owner}: {req.name} needs a version range like '>=0.1,<0.2', got '{req.specifier}'")
+            problems.append(
+                f"{owner}: {req.name} needs a version range like '>=0.1,<0.2', got '{req.specifier}'"
+            )
     return problems
 
 

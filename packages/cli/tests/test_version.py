@@ -10,7 +10,13 @@ from entrepot.cli.app import app
 def test_version_lists_every_installed_entrepot_package() -> None:
     result = CliRunner().invoke(app, ["--version"])
     assert result.exit_code == 0
-    for name in ("entrepot-batching", "entrepot-dock", "entrepot-resharding", "entrepot-grpo", "entrepot-cli"):
+    for name in (
+        "entrepot-batching",
+        "entrepot-dock",
+        "entrepot-resharding",
+        "entrepot-grpo",
+        "entrepot-cli",
+    ):
         assert f"{name} 0.1" in result.output
     assert "torch " in result.output
 
