@@ -128,12 +128,14 @@ for _name in PACKAGES:
 
 @nox.session(default=False)
 def build(session: nox.Session) -> None:
-    """Build sdist + wheel of every package with hatch into dist/, then install each wheel alone."""
+    """Build sdist + wheel of every package with hatchling into dist/, then install each wheel alone."""
     dist = ROOT / "dist"
     shutil.rmtree(dist, ignore_errors=True)
-    session.install("hatch>=1.12", "packaging>=23")
+    session.install("hatchling>=1.25", "packaging>=23")
     for name in PACKAGES:
-        session.run("hatch", "-p", _package_dir(name), "build", str(dist))
+        session.chdir(_package_dir(name))
+        session.run("hatchling", "build", "-d", str(dist))
+    session.chdir(str(ROOT))
     artifacts = sorted(p.name for p in dist.iterdir())
     session.log(f"{len(artifacts)} artifacts: {', '.join(artifacts)}")
     if len(artifacts) != 2 * len(PACKAGES):
