@@ -1,0 +1,46 @@
+"""Validation of length lists shared by every module (private)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from entrepot.batching._errors import InvalidLengthError
+
+LengthsLike = Sequence[int] | Tensor
+
+
+def as_length_list(lengths: LengthsLike, name: str = "lengths") -> list[int]:
+    """Return ``lengths`` as a list of Python ints, refusing negatives, floats and nested input.
+
+    One ``tolist`` call for a tensor; one pass over the values: O(N).
+    """
+    if isinstance(lengths, Tensor):
+        if lengths.dim() != 1:
+            raise InvalidLengthError(f"{name} must be a 1-D tensor, got shape {tuple(lengths.shape)}")
+        if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
+            raise InvalidLengthError(f"{name} must have an integer dtype, got {lengths.dtype}")
+        values: list[int] = lengths.tolist()
+    else:
+        values = list(lengths)
+        for index, value in enumerate(values):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidLengthError(
+                    f"{name}[{index}] = {value!r} is not an int; lengths must be non-negative ints"
+                )
+    if values and min(values) < 0:
+        index = min(range(len(values)), key=values.__getitem__)
+        raise InvalidLengthError(f"{name}[{index}] = {values[index]} is negative; lengths must be >= 0")
+    return values
+
+
+def as_length_tensor(lengths: LengthsLike, name: str = "lengths") -> Tensor:
+    """Validated int64 CPU tensor of ``lengths`` (shape [B])."""
+    return torch.tensor(as_length_list(lengths, name), dtype=torch.int64)
+
+
+def round_up(value: int, multiple: int) -> int:
+    """Smallest multiple of ``multiple`` that is >= ``value``."""
+    return -(-value // multiple) * multiple
