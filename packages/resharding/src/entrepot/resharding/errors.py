@@ -6,11 +6,17 @@ Every message names the offending value and what was allowed.
 from __future__ import annotations
 
 __all__ = [
+    "BufferStateError",
+    "ChecksumMismatchError",
     "EngineError",
+    "LayoutError",
     "MissingExtraError",
     "ModeTransitionError",
     "OffloadStateError",
     "ReshardError",
+    "ShapeMismatchError",
+    "UnknownArchitectureError",
+    "UnknownWeightError",
 ]
 
 
@@ -39,3 +45,33 @@ class MissingExtraError(ReshardError, ImportError):
         )
         self.module = module
         self.extra = extra
+
+
+class LayoutError(ReshardError, ValueError):
+    """A parallel layout that is invalid or does not fit the world size / model."""
+
+
+class BufferStateError(ReshardError):
+    """A buffer operation called in the wrong state (destroyed, offloaded)."""
+
+
+class UnknownWeightError(ReshardError, KeyError):
+    """A weight name that the buffer or adaptor does not know."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0]) if self.args else ""
+
+
+class ShapeMismatchError(ReshardError, ValueError):
+    """A tensor whose shape or dtype does not match what its slot or layout expects."""
+
+
+class UnknownArchitectureError(ReshardError, KeyError):
+    """No weight adaptor is registered for the requested architecture."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ChecksumMismatchError(ReshardError):
+    """Checksum verification found resharded weights that differ from their source."""
