@@ -1,9 +1,17 @@
-"""The `rl` Typer application: sub-apps are registered here, their heavy imports stay inside commands."""
+"""The `rl` Typer application: sub-apps are registered here, their heavy imports stay inside commands.
+
+`rl --help` must answer in well under a second, so this module and the sub-app modules import only
+typer and the standard library; torch, ray, rich tables and the entrepot libraries load inside the
+command that needs them.
+"""
 
 from __future__ import annotations
 
 import typer
 
+from entrepot.cli._batching import batching_app
+from entrepot.cli._dock import dock_app
+from entrepot.cli._grpo import grpo_app
 from entrepot.cli.versions import ENTREPOT_DISTRIBUTIONS, STACK_DISTRIBUTIONS, installed_versions
 
 app = typer.Typer(
@@ -11,7 +19,11 @@ app = typer.Typer(
     help="Entrepot: RL post-training (GRPO) with an experience dock and co-located resharding.",
     no_args_is_help=True,
     add_completion=True,
+    pretty_exceptions_show_locals=False,
 )
+app.add_typer(grpo_app)
+app.add_typer(dock_app)
+app.add_typer(batching_app)
 
 
 def _print_versions(include_stack: bool) -> None:

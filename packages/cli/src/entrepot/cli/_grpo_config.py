@@ -1,0 +1,71 @@
+"""`rl grpo config ...`: print the fully resolved configuration, or check a file without running it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from entrepot.cli._errors import user_errors
+
+config_app = typer.Typer(
+    name="config",
+    help="Print or check GRPO configurations (YAML files plus dotted KEY=VALUE overrides).",
+    no_args_is_help=True,
+)
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config", "-c", help="YAML file; missing keys take the embedded defaults.", show_default=False
+    ),
+]
+OverridesArgument = Annotated[
+    list[str] | None,
+    typer.Argument(
+        metavar="KEY=VALUE...",
+        help="Dotted overrides such as algorithm.kl_coef=0.01 rollout.n_samples_per_prompt=4.",
+        show_default=False,
+    ),
+]
+
+
+@config_app.command("show")
+def show(config: ConfigOption = None, overrides: OverridesArgument = None) -> None:
+    """Print the fully resolved configuration as YAML (the embedded default when no file is given)."""
+    from entrepot.grpo.config import dump_yaml, load_config
+
+    with user_errors():
+        resolved = load_config(config, overrides or [])
+    typer.echo(dump_yaml(resolved), nl=False)
+
+
+@config_app.command("validate")
+def validate(
+    path: Annotated[Path, typer.Argument(help="YAML file to check.", show_default=False)],
+    overrides: OverridesArgument = None,
+) -> None:
+    """Check a configuration without running it: unknown keys, types, values and combinations."""
+    from entrepot.grpo.config import load_config
+
+    with user_errors():
+        resolved = load_config(path, overrides or [])
+    typer.echo(
+        f"{path}: ok ({resolved.max_steps} steps, {resolved.rollout.prompts_per_step} prompts x "
+        f"{resolved.rollout.n_samples_per_prompt} samples, task {resolved.data.task})"
+    )
+
+
+@config_app.command("keys")
+def keys(
+    section: Annotated[
+        str | None, typer.Argument(help="Only this section, e.g. algorithm.", show_default=False)
+    ] = None,
+) -> None:
+    """List every configuration key with its type, default and help text."""
+    from entrepot.cli._config_keys import describe_keys, render_keys
+
+    with user_errors():
+        rows = describe_keys(section)
+    render_keys(rows)

@@ -1,0 +1,106 @@
+"""The live view of `rl grpo train`: a progress bar with ETA and the latest step's metrics.
+
+Fed by the trainer's `on_step` callback; it only formats what the trainer reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from entrepot.cli import _metrics as m
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+class TrainDisplay:
+    """A rich Live panel; `update(metrics)` after every step, used as a context manager.
+
+    Args:
+        total_steps: the run's max_steps (the bar's total).
+        start_step: steps already done (resumed runs start part-way).
+        console: where to draw; quiet runs pass none and get one line every `print_every` steps.
+    """
+
+    def __init__(self, total_steps: int, start_step: int = 0, console: Console | None = None) -> None:
+        from rich.console import Console
+        from rich.live import Live
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.console = console or Console()
+        self.progress = Progress(
+            TextColumn("[bold]GRPO"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("elapsed"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=self.console,
+        )
+        self.task = self.progress.add_task("steps", total=total_steps, completed=start_step)
+        self.latest: dict[str, Any] = {}
+        self.accuracy: float | None = None
+        self.live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
+
+    def __enter__(self) -> TrainDisplay:
+        self.live.__enter__()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.live.update(self._render())
+        self.live.__exit__(kind, exc, tb)
+
+    def update(self, metrics: Mapping[str, Any]) -> None:
+        """Show one finished step (the trainer's `on_step` payload)."""
+        self.latest = dict(metrics)
+        accuracy = m.number(metrics, m.ACCURACY)
+        if accuracy is not None:
+            self.accuracy = accuracy
+        step = m.number(metrics, m.STEP)
+        if step is not None:
+            self.progress.update(self.task, completed=int(step))
+        self.live.update(self._render())
+
+    def _render(self) -> RenderableType:
+        from rich.console import Group
+        from rich.table import Table
+
+        latest = self.latest
+        table = Table.grid(padding=(0, 2))
+        for _ in range(6):
+            table.add_column(justify="right")
+        table.add_row(
+            "reward",
+            _fmt(m.number(latest, m.REWARD)),
+            "accuracy",
+            _fmt(self.accuracy),
+            "KL",
+            _fmt(m.number(latest, m.KL), 4),
+        )
+        table.add_row(
+            "tokens/s",
+            _fmt(m.number(latest, m.TOKENS_PER_S), 0),
+            "step time",
+            f"{_fmt(m.number(latest, m.STEP_TIME), 2)} s",
+            "",
+            "",
+        )
+        stages = m.stage_times(latest)
+        stage_line = "  ".join(f"{name} {seconds * 1000:.0f}ms" for name, seconds in stages.items())
+        return Group(self.progress, table, f"[dim]stages: {stage_line or '-'}")

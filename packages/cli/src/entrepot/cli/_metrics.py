@@ -1,0 +1,47 @@
+"""Reading the trainer's per-step metrics (metrics.jsonl) and the names of the keys the CLI shows.
+
+The trainer owns the metric names; the CLI only picks a few of them for display, summary and plot.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+STEP = "step"
+REWARD = "reward/mean"
+ACCURACY = "eval/accuracy"
+KL = "actor/kl"
+TOKENS_PER_S = "perf/tokens_per_s"
+ELAPSED = "time/elapsed"
+STEP_TIME = "time/step"
+STAGE_PREFIX = "time/"
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """All records of a metrics.jsonl file, in order (an empty list when it does not exist yet)."""
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            records.append(json.loads(line))
+    return records
+
+
+def number(record: Mapping[str, Any], key: str) -> float | None:
+    """`record[key]` as a float, or None when the step did not report it."""
+    value = record.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def stage_times(record: Mapping[str, Any]) -> dict[str, float]:
+    """Seconds per stage of one step (`time/<stage>` keys), without the totals."""
+    skip = {ELAPSED, STEP_TIME}
+    return {
+        key.removeprefix(STAGE_PREFIX): float(value)
+        for key, value in record.items()
+        if key.startswith(STAGE_PREFIX) and key not in skip and isinstance(value, (int, float))
+    }

@@ -1,0 +1,88 @@
+"""What `rl grpo train` and `rl grpo eval` do, kept out of the Typer signatures.
+
+Order of work: resolve and validate the config first (nothing is created for a bad config), then
+create the run directory, write the resolved config, train with the live display fed by
+`on_step`, and finally write the plot and print the summary.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from entrepot.cli import _metrics as m
+from entrepot.cli._errors import CLIUsageError
+from entrepot.cli._run_dir import CONFIG_FILE, new_run_dir, resume_config_path
+
+INTERRUPTED_EXIT_CODE = 130  # the shell convention for "stopped by Ctrl-C"
+
+
+@dataclass(kw_only=True)
+class TrainRequest:
+    """The parsed command line of `rl grpo train`."""
+
+    config: Path | None
+    overrides: list[str] = field(default_factory=list)
+    resume: Path | None = None
+    output_dir: Path = Path("runs")
+    quiet: bool = False
+
+
+def run_training(request: TrainRequest) -> int:
+    """Run (or resume) one training run; return the process exit code."""
+    from rich.console import Console
+
+    from entrepot.grpo.config import dump_yaml, load_config
+
+    console = Console()
+    if request.resume is not None:
+        if request.config is not None:
+            raise CLIUsageError(
+                "--config and --resume cannot be combined: a resumed run keeps its config.yaml "
+                "(pass KEY=VALUE overrides to change it)"
+            )
+        config = load_config(resume_config_path(request.resume), request.overrides)
+        run_dir = request.resume
+    else:
+        config = load_config(request.config, request.overrides)
+        run_dir = new_run_dir(request.output_dir, config.name)
+    dump_yaml(config, run_dir / CONFIG_FILE)
+    console.print(f"run directory: [bold]{run_dir}[/]")
+
+    from entrepot.cli._live import TrainDisplay
+    from entrepot.cli._report import print_summary, write_plot
+    from entrepot.grpo import train
+
+    metrics_path = run_dir / config.logging.metrics_file
+    done_before = len(m.read_metrics(metrics_path))
+    started = time.perf_counter()
+    try:
+        if request.quiet:
+            result = train(config, run_dir, resume=request.resume is not None)
+        else:
+            with TrainDisplay(config.max_steps, done_before, console) as display:
+                result = train(config, run_dir, resume=request.resume is not None, on_step=display.update)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted before a checkpoint could be written[/]")
+        return INTERRUPTED_EXIT_CODE
+    records = m.read_metrics(metrics_path)
+    plot = write_plot(records, run_dir, config.name)
+    print_summary(console, result, records, run_dir, plot, time.perf_counter() - started)
+    if result.interrupted:
+        console.print(f"[yellow]interrupted[/]: resume with  rl grpo train --resume {run_dir}")
+        return INTERRUPTED_EXIT_CODE
+    return 0
+
+
+def run_evaluation(path: Path, num_prompts: int | None) -> None:
+    """Evaluate a run directory's latest checkpoint (or a checkpoint directory) and print the result."""
+    if not path.exists():
+        raise CLIUsageError(f"{str(path)!r} does not exist (expected a run directory or a checkpoint)")
+    from rich.console import Console
+
+    from entrepot.cli._report import print_evaluation
+    from entrepot.grpo import evaluate
+
+    result = evaluate(path, num_prompts)
+    print_evaluation(Console(), path, result)
