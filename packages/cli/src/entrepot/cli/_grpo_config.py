@@ -24,7 +24,7 @@ ConfigOption = Annotated[
 OverridesArgument = Annotated[
     list[str] | None,
     typer.Argument(
-        metavar="KEY=VALUE...",
+        metavar="KEY=VALUE",
         help="Dotted overrides such as algorithm.kl_coef=0.01 rollout.n_samples_per_prompt=4.",
         show_default=False,
     ),

@@ -1,0 +1,92 @@
+"""`rl grpo config show|validate|keys`: resolution, overrides and one-line user errors (exit 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from entrepot.cli.app import app
+from entrepot.grpo.config import GRPOConfig, config_to_dict, load_config
+
+
+def test_show_without_arguments_prints_the_embedded_default(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["grpo", "config", "show"])
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load(result.stdout) == config_to_dict(GRPOConfig())
+
+
+def test_show_applies_file_then_overrides(runner: CliRunner, tmp_path: Path) -> None:
+    file = tmp_path / "run.yaml"
+    file.write_text("algorithm:\n  kl_coef: 0.5\nrollout:\n  n_samples_per_prompt: 4\n")
+    result = runner.invoke(app, ["grpo", "config", "show", "-c", str(file), "algorithm.kl_coef=0.01"])
+    assert result.exit_code == 0, result.output
+    shown = yaml.safe_load(result.stdout)
+    assert shown["algorithm"]["kl_coef"] == 0.01
+    assert shown["rollout"]["n_samples_per_prompt"] == 4
+    assert shown["rollout"]["prompts_per_step"] == GRPOConfig().rollout.prompts_per_step
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["algorithm.kl_coeff=0.1"], "unknown key 'algorithm.kl_coeff'; allowed keys here: kl_coef"),
+        (["rollout.n_samples_per_prompt=many"], "rollout.n_samples_per_prompt ('many') must be int"),
+        (["algorithm.mini_batch_size=12"], "algorithm.mini_batch_size (12) must be a multiple of"),
+        (["data.task=sorting"], "data.task ('sorting') must be one of"),
+        (["-c", "missing.yaml"], "'missing.yaml' does not exist"),
+        (["kl_coef"], "override 'kl_coef' must look like section.key=value"),
+    ],
+)
+def test_user_mistakes_exit_2_with_one_line(runner: CliRunner, args: list[str], expected: str) -> None:
+    result = runner.invoke(app, ["grpo", "config", "show", *args])
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    assert expected in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_invalid_yaml_is_reported_on_one_line(runner: CliRunner, tmp_path: Path) -> None:
+    file = tmp_path / "broken.yaml"
+    file.write_text("algorithm:\n  kl_coef: [0.1\n")
+    result = runner.invoke(app, ["grpo", "config", "validate", str(file)])
+    assert result.exit_code == 2
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "is not valid YAML" in result.stderr
+
+
+def test_validate_accepts_every_shipped_config(runner: CliRunner, configs_dir: Path) -> None:
+    files = sorted(configs_dir.glob("*.yaml"))
+    assert len(files) >= 4
+    for file in files:
+        result = runner.invoke(app, ["grpo", "config", "validate", str(file)])
+        assert result.exit_code == 0, f"{file.name}: {result.output}"
+        assert ": ok (" in result.stdout
+
+
+def test_shipped_default_config_equals_the_embedded_default(configs_dir: Path) -> None:
+    assert load_config(configs_dir / "default.yaml") == GRPOConfig()
+
+
+def test_validate_reports_an_impossible_combination(runner: CliRunner, tmp_path: Path) -> None:
+    file = tmp_path / "bad.yaml"
+    file.write_text("rollout:\n  prompts_per_step: 3\nresources:\n  num_actor_workers: 2\n")
+    result = runner.invoke(app, ["grpo", "config", "validate", str(file)])
+    assert result.exit_code == 2
+    expected = "rollout.prompts_per_step (3) must be divisible by resources.num_actor_workers (2)"
+    assert expected in result.stderr
+
+
+def test_keys_lists_dotted_keys_with_help(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["grpo", "config", "keys", "algorithm"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "algorithm.kl_coef" in result.stdout
+    assert "rollout." not in result.stdout
+    unknown = runner.invoke(app, ["grpo", "config", "keys", "algo"])
+    assert unknown.exit_code == 2
+    assert "unknown section 'algo'; allowed: algorithm" in unknown.stderr
