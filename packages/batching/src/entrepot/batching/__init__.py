@@ -3,6 +3,7 @@
 See the package README for an example per capability.
 """
 
+from entrepot.batching._attention import flash_attention_available, packed_causal_attention
 from entrepot.batching._columns import pack_columns, pad_columns, unpack_columns, unpad_columns
 from entrepot.batching._errors import (
     BackendUnavailableError,
@@ -12,6 +13,7 @@ from entrepot.batching._errors import (
     LengthMismatchError,
     SequenceTooLongError,
 )
+from entrepot.batching._packed import PackedBatch
 from entrepot.batching._padding import pack, pad, unpack, unpad
 from entrepot.batching._version import __version__
 
@@ -21,10 +23,13 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidLengthError",
     "LengthMismatchError",
+    "PackedBatch",
     "SequenceTooLongError",
     "__version__",
+    "flash_attention_available",
     "pack",
     "pack_columns",
+    "packed_causal_attention",
     "pad",
     "pad_columns",
     "unpack",
