@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 STEP = "step"
-REWARD = "reward/mean"
-ACCURACY = "eval/accuracy"
-KL = "actor/kl"
-TOKENS_PER_S = "perf/tokens_per_s"
-ELAPSED = "time/elapsed"
+REWARD = "reward_mean"
+ACCURACY = "accuracy"
+KL = "kl"
+TOKENS_PER_S = "tokens_per_s"
+ELAPSED = "elapsed"
 STEP_TIME = "time/step"
 STAGE_PREFIX = "time/"
 
