@@ -16,14 +16,20 @@ from entrepot.resharding.errors import (
     UnknownWeightError,
 )
 from entrepot.resharding.layout import ParallelLayout, RankCoords
+from entrepot.resharding.manager import MODES, LocalResharder, ShardingManager, TransitionRecord
 from entrepot.resharding.offload import Component, Offloader
+from entrepot.resharding.protocols import INFERENCE_TAGS, InferenceEngine, TrainingEngine, WeightResharder
 
 __all__ = [
+    "INFERENCE_TAGS",
+    "MODES",
     "BufferStateError",
     "ChecksumMismatchError",
     "Component",
     "EngineError",
+    "InferenceEngine",
     "LayoutError",
+    "LocalResharder",
     "MemoryBuffer",
     "MissingExtraError",
     "ModeTransitionError",
@@ -34,7 +40,11 @@ __all__ = [
     "RankCoords",
     "ReshardError",
     "ShapeMismatchError",
+    "ShardingManager",
+    "TrainingEngine",
+    "TransitionRecord",
     "UnknownArchitectureError",
     "UnknownWeightError",
+    "WeightResharder",
     "__version__",
 ]

@@ -98,9 +98,13 @@ class Offloader:
         """Whether ``component`` ("params", "grads", "optimizer") is currently offloaded."""
         return Component(component) in self._slots
 
-    def offload_params(self) -> int:
-        """Copy parameter storages to host and free them on the device; returns bytes freed."""
-        return self._offload(Component.PARAMS, keep=True)
+    def offload_params(self, *, keep: bool = True) -> int:
+        """Copy parameter storages to host and free them on the device; returns bytes freed.
+
+        ``keep=False`` drops the values instead (they come back as zeros): for a copy of the
+        weights that is overwritten after every onload, such as an inference engine's.
+        """
+        return self._offload(Component.PARAMS, keep=keep)
 
     def onload_params(self) -> int:
         """Re-allocate parameter storages on the device and copy the values back."""
