@@ -140,7 +140,10 @@ class RolloutConfig:
     top_p: float = field(default=1.0, metadata=_doc("Nucleus sampling mass in (0, 1]; 1 disables."))
     top_k: int = field(default=0, metadata=_doc("Keep the k most likely tokens; 0 disables."))
     max_new_tokens: int | None = field(
-        default=None, metadata=_doc("Response token budget; None = the task's answer length + 1.")
+        default=None,
+        metadata=_doc(
+            "Response token budget; None = the fixed answer width of a synthetic task (64 for files)."
+        ),
     )
     stop_on_eos: bool = field(default=True, metadata=_doc("Stop a response at the tokenizer's EOS token."))
 
@@ -462,7 +465,7 @@ class GRPOConfig:
         if self.data.task in ("reverse", "addition") and self.model.path is None:
             answer = self.data.num_digits + (1 if self.data.task == "addition" else 0)
             prompt = self.data.num_digits * (2 if self.data.task == "addition" else 1) + 3
-            need = prompt + (self.rollout.max_new_tokens or answer + 1)
+            need = prompt + (self.rollout.max_new_tokens or answer)
             _check(
                 need <= self.model.max_positions,
                 "model.max_positions",

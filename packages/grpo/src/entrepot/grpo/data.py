@@ -1,0 +1,143 @@
+"""Prompt sources: the built-in synthetic tasks, or local jsonl / parquet files.
+
+File datasets are read whole (prompts are small), shuffled per epoch with a seeded permutation,
+and served as an endless stream indexed by position, so resuming needs only the position.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from entrepot.grpo.errors import DataError
+from entrepot.grpo.tasks import CharTokenizer, PromptSource, Sample, SyntheticTask
+
+if TYPE_CHECKING:
+    from entrepot.grpo.config import GRPOConfig
+
+__all__ = ["FileDataset", "TaskSetup", "build_task", "encode_prompt", "read_records"]
+
+
+def read_records(path: str | Path, prompt_field: str, answer_field: str) -> list[Sample]:
+    """Samples from a .jsonl or .parquet file whose records hold the two named fields."""
+    file = Path(path)
+    if not file.is_file():
+        raise DataError(f"prompt file {str(file)!r} does not exist")
+    records: list[dict[str, Any]]
+    if file.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq  # type: ignore[import-not-found, unused-ignore]
+        except ImportError:
+            raise DataError("reading parquet needs pyarrow: pip install 'entrepot-grpo[parquet]'") from None
+        records = pq.read_table(file).to_pylist()
+    else:
+        records = []
+        for line_no, line in enumerate(file.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{file}:{line_no} is not valid JSON: {exc.msg}") from None
+    samples = []
+    for i, record in enumerate(records):
+        for name in (prompt_field, answer_field):
+            if name not in record:
+                raise DataError(f"{file} record {i} has no field {name!r}; fields: {', '.join(record)}")
+        samples.append(Sample(prompt=str(record[prompt_field]), answer=str(record[answer_field])))
+    if not samples:
+        raise DataError(f"prompt file {str(file)!r} holds no records")
+    return samples
+
+
+class FileDataset:
+    """Prompts from a local file: an endless seeded stream over epochs plus a held-out split.
+
+    Args:
+        train: training samples.
+        held_out: evaluation samples; when empty, the last 10% of `train` (at least 1) is held out.
+        seed: seed of the per-epoch permutations.
+        shuffle: permute each epoch (False keeps file order).
+    """
+
+    def __init__(
+        self, train: list[Sample], held_out: list[Sample], *, seed: int = 0, shuffle: bool = True
+    ) -> None:
+        if not held_out:
+            cut = max(1, len(train) // 10) if len(train) > 1 else 0
+            train, held_out = train[: len(train) - cut], train[len(train) - cut :] or train
+        self.train, self._held_out = train, held_out
+        self.seed, self.shuffle = seed, shuffle
+
+    def _order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.train)))
+        if self.shuffle:
+            random.Random(self.seed * 7919 + epoch).shuffle(order)
+        return order
+
+    def batch(self, position: int, count: int) -> list[Sample]:
+        out = []
+        for pos in range(position, position + count):
+            epoch, offset = divmod(pos, len(self.train))
+            out.append(self.train[self._order(epoch)[offset]])
+        return out
+
+    def held_out(self, count: int) -> list[Sample]:
+        return self._held_out[:count]
+
+
+@dataclass
+class TaskSetup:
+    """What a run needs to turn prompts into tokens and back."""
+
+    tokenizer: Any
+    source: PromptSource
+    max_new_tokens: int
+    use_chat_template: bool
+
+
+def encode_prompt(setup: TaskSetup, prompt: str, max_tokens: int) -> list[int]:
+    """Token ids of `prompt` (chat template applied when configured and available); too long is an error."""
+    tok = setup.tokenizer
+    if setup.use_chat_template:
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+        )
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        ids = list(ids)
+    else:
+        ids = list(tok.encode(prompt, add_special_tokens=False))
+    if len(ids) > max_tokens:
+        raise DataError(
+            f"prompt of {len(ids)} tokens exceeds data.max_prompt_tokens ({max_tokens}): {prompt[:40]!r}..."
+        )
+    return ids
+
+
+def build_task(config: GRPOConfig, tokenizer: Any | None = None) -> TaskSetup:
+    """Tokenizer + prompt source for `config.data` (a loaded HF tokenizer is passed for model.path)."""
+    data = config.data
+    if data.task in ("reverse", "addition"):
+        task = SyntheticTask(data.task, data.num_digits, seed=config.seed)
+        tok = tokenizer if tokenizer is not None else CharTokenizer()
+        budget = config.rollout.max_new_tokens or task.answer_length
+        return TaskSetup(tokenizer=tok, source=task, max_new_tokens=budget, use_chat_template=False)
+    if tokenizer is None:
+        raise DataError(
+            f"data.task={data.task!r} needs a tokenizer: set model.path to a local HF model directory"
+        )
+    assert data.train_path is not None  # checked by DataConfig
+    train = read_records(data.train_path, data.prompt_field, data.answer_field)
+    held = read_records(data.eval_path, data.prompt_field, data.answer_field) if data.eval_path else []
+    chat = data.apply_chat_template and getattr(tokenizer, "chat_template", None) is not None
+    budget = config.rollout.max_new_tokens or 64
+    return TaskSetup(
+        tokenizer=tokenizer,
+        source=FileDataset(train, held, seed=config.seed, shuffle=data.shuffle),
+        max_new_tokens=budget,
+        use_chat_template=chat,
+    )

@@ -1,0 +1,301 @@
+"""The embedded rollout engine: GPT-2 generation with a KV cache, holding weights in the inference layout.
+
+Like vLLM, the engine owns its own weight tensors in an inference layout (nn.Linear-style [out, in]
+matrices, fused ``qkv_proj``) and receives new weights through `load_weights(named_tensors)` after
+each update, from the resharder. The training model is never called during generation.
+
+Inference-layout names (L = layer index):
+``embed_tokens.weight`` [V, H], ``embed_positions.weight`` [P, H],
+``layers.L.input_layernorm.{weight,bias}`` [H], ``layers.L.self_attn.qkv_proj.{weight,bias}`` [3H, H] / [3H],
+``layers.L.self_attn.o_proj.{weight,bias}`` [H, H] / [H], ``layers.L.post_attention_layernorm.{weight,bias}``,
+``layers.L.mlp.fc_in.{weight,bias}`` [4H, H] / [4H], ``layers.L.mlp.fc_out.{weight,bias}`` [H, 4H] / [H],
+``norm.{weight,bias}`` [H], ``lm_head.weight`` [V, H].
+
+Shape legend: B = sequences, S = cached positions, H = hidden, N = heads, D = head dim, V = vocab.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["GPT2RolloutEngine", "SamplingParams", "gpt2_hf_to_infer", "gpt2_infer_meta"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample: temperature (0 = greedy), top-p, top-k (0 = off), budget and stop tokens."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 16
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+
+
+def gpt2_infer_meta(
+    num_layers: int, hidden: int, vocab: int, positions: int
+) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Name -> (shape, dtype) of every inference-layout tensor of a GPT-2 model."""
+    f32 = torch.float32
+    meta: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
+        "embed_tokens.weight": ((vocab, hidden), f32),
+        "embed_positions.weight": ((positions, hidden), f32),
+        "norm.weight": ((hidden,), f32),
+        "norm.bias": ((hidden,), f32),
+        "lm_head.weight": ((vocab, hidden), f32),
+    }
+    for i in range(num_layers):
+        p = f"layers.{i}."
+        for ln in ("input_layernorm", "post_attention_layernorm"):
+            meta[p + ln + ".weight"] = ((hidden,), f32)
+            meta[p + ln + ".bias"] = ((hidden,), f32)
+        for name, out_dim, in_dim in (
+            ("self_attn.qkv_proj", 3 * hidden, hidden),
+            ("self_attn.o_proj", hidden, hidden),
+            ("mlp.fc_in", 4 * hidden, hidden),
+            ("mlp.fc_out", hidden, 4 * hidden),
+        ):
+            meta[p + name + ".weight"] = ((out_dim, in_dim), f32)
+            meta[p + name + ".bias"] = ((out_dim,), f32)
+    return meta
+
+
+_HF_TO_INFER = {
+    "ln_1": "input_layernorm",
+    "ln_2": "post_attention_layernorm",
+    "attn.c_attn": "self_attn.qkv_proj",
+    "attn.c_proj": "self_attn.o_proj",
+    "mlp.c_fc": "mlp.fc_in",
+    "mlp.c_proj": "mlp.fc_out",
+}
+
+
+def gpt2_hf_to_infer(named: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Convert HF GPT2LMHeadModel tensors to the inference layout (Conv1D [in, out] -> [out, in]).
+
+    HF's c_attn already fuses q, k, v along its output dim, so only a transpose is needed. The tied
+    ``lm_head.weight`` is emitted from ``transformer.wte.weight`` when absent.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in named.items():
+        key = name.removeprefix("transformer.")
+        if key in ("wte.weight", "wpe.weight"):
+            out["embed_tokens.weight" if key == "wte.weight" else "embed_positions.weight"] = tensor
+            if key == "wte.weight" and "lm_head.weight" not in named:
+                out["lm_head.weight"] = tensor
+        elif key.startswith("ln_f."):
+            out["norm." + key.split(".")[-1]] = tensor
+        elif key == "lm_head.weight":
+            out[key] = tensor
+        elif key.startswith("h."):
+            _, layer, rest = key.split(".", 2)
+            module, _, leaf = rest.rpartition(".")
+            if module.endswith("attn.bias") or rest in ("attn.bias", "attn.masked_bias"):
+                continue  # causal-mask buffers of old checkpoints
+            target = _HF_TO_INFER[module]
+            value = tensor.t() if leaf == "weight" and not module.startswith("ln_") else tensor
+            out[f"layers.{layer}.{target}.{leaf}"] = value
+        else:
+            raise KeyError(f"GPT-2 weight {name!r} has no inference-layout name")
+    return out
+
+
+class GPT2RolloutEngine:
+    """Batched sampling with a KV cache over GPT-2 weights in the inference layout.
+
+    Args:
+        num_layers, num_heads, hidden, vocab, positions: the architecture (from the HF config).
+        device: where weights and caches live.
+        layer_norm_eps: LayerNorm epsilon of the checkpoint.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_heads: int,
+        hidden: int,
+        vocab: int,
+        positions: int,
+        device: str | torch.device = "cpu",
+        layer_norm_eps: float = 1e-5,
+    ) -> None:
+        self.num_layers, self.num_heads, self.hidden = num_layers, num_heads, hidden
+        self.vocab, self.positions, self.eps = vocab, positions, layer_norm_eps
+        self.device = torch.device(device)
+        self.meta = gpt2_infer_meta(num_layers, hidden, vocab, positions)
+        self.weights: dict[str, torch.Tensor] = {
+            name: torch.zeros(shape, dtype=dtype, device=self.device)
+            for name, (shape, dtype) in self.meta.items()
+        }
+        self._loaded: set[str] = set()
+
+    @classmethod
+    def from_hf_config(cls, hf_config: object, device: str | torch.device = "cpu") -> GPT2RolloutEngine:
+        """An engine shaped like an HF GPT2Config (weights still to be loaded)."""
+        c = hf_config
+        return cls(
+            num_layers=c.n_layer,  # type: ignore[attr-defined]
+            num_heads=c.n_head,  # type: ignore[attr-defined]
+            hidden=c.n_embd,  # type: ignore[attr-defined]
+            vocab=c.vocab_size,  # type: ignore[attr-defined]
+            positions=c.n_positions,  # type: ignore[attr-defined]
+            layer_norm_eps=c.layer_norm_epsilon,  # type: ignore[attr-defined]
+            device=device,
+        )
+
+    # -- the InferenceEngine protocol ----------------------------------------------------------
+
+    @torch.no_grad()
+    def load_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]
+    ) -> None:
+        """Copy inference-layout tensors into the engine's own storage (shapes must match)."""
+        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        for name, tensor in items:
+            if name not in self.weights:
+                raise KeyError(
+                    f"inference weight {name!r} is unknown; expected names like {next(iter(self.meta))!r}"
+                )
+            target = self.weights[name]
+            if tuple(tensor.shape) != tuple(target.shape):
+                raise ValueError(
+                    f"inference weight {name!r}: shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
+                )
+            target.copy_(tensor)
+            self._loaded.add(name)
+
+    def offload(self) -> None:
+        """Move weights to host memory (a no-op on CPU)."""
+        self.weights = {k: v.to("cpu") for k, v in self.weights.items()}
+
+    def onload(self) -> None:
+        """Move weights back to the engine's device."""
+        self.weights = {k: v.to(self.device) for k, v in self.weights.items()}
+
+    # -- forward -------------------------------------------------------------------------------
+
+    def _layer_norm(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
+        w = self.weights
+        return F.layer_norm(x, (self.hidden,), w[prefix + ".weight"], w[prefix + ".bias"], self.eps)
+
+    def _linear(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
+        return F.linear(x, self.weights[prefix + ".weight"], self.weights[prefix + ".bias"])
+
+    def _forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: list[tuple[torch.Tensor, torch.Tensor]],
+        start: int,
+        key_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """Run tokens at cache slots [start, start + Q) and return last-position logits [B, V].
+
+        ids, positions: [B, Q]; cache: per layer (k, v) each [B, N, S, D]; key_mask: [B, S] bool.
+        """
+        w = self.weights
+        n, d = self.num_heads, self.hidden // self.num_heads
+        b, q = ids.shape
+        x = w["embed_tokens.weight"][ids] + w["embed_positions.weight"][positions]  # [B, Q, H]
+        end = start + q
+        causal = torch.ones(q, end, dtype=torch.bool, device=ids.device).tril(diagonal=start)  # [Q, S']
+        mask = causal[None, None] & key_mask[:, None, None, :end]  # [B, 1, Q, S']
+        for i, (k_cache, v_cache) in enumerate(cache):
+            p = f"layers.{i}."
+            qkv = self._linear(
+                self._layer_norm(x, p + "input_layernorm"), p + "self_attn.qkv_proj"
+            )  # [B, Q, 3H]
+            qh, kh, vh = qkv.view(b, q, 3, n, d).permute(2, 0, 3, 1, 4)  # each [B, N, Q, D]
+            k_cache[:, :, start:end] = kh
+            v_cache[:, :, start:end] = vh
+            attn = F.scaled_dot_product_attention(
+                qh, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask
+            )
+            attn = attn.transpose(1, 2).reshape(b, q, self.hidden)  # [B, Q, H]
+            x = x + self._linear(attn, p + "self_attn.o_proj")
+            h = self._linear(self._layer_norm(x, p + "post_attention_layernorm"), p + "mlp.fc_in")
+            x = x + self._linear(F.gelu(h, approximate="tanh"), p + "mlp.fc_out")
+        x = self._layer_norm(x[:, -1], "norm")  # [B, H]
+        return F.linear(x, w["lm_head.weight"])  # [B, V]
+
+    @staticmethod
+    def _sample(
+        logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    ) -> torch.Tensor:
+        """Next token per row from logits [B, V] -> [B]."""
+        if params.temperature == 0:
+            return logits.argmax(-1)
+        logits = logits / params.temperature
+        if params.top_k > 0:
+            kth = logits.topk(min(params.top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # [B, 1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if params.top_p < 1.0:
+            sorted_logits, order = logits.sort(dim=-1, descending=True)  # [B, V]
+            probs = sorted_logits.softmax(-1)
+            drop = probs.cumsum(-1) - probs > params.top_p  # keep the smallest prefix reaching top_p
+            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+            logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+        probs = logits.softmax(-1)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        pad_token_id: int = 0,
+        generator: torch.Generator | None = None,
+    ) -> list[list[int]]:
+        """Sample one response per prompt; a response ends after a stop token (kept) or the budget.
+
+        Prompts are left-padded so that every row decodes in lock-step; position ids skip padding.
+        """
+        if len(self._loaded) != len(self.meta):
+            missing = sorted(set(self.meta) - self._loaded)[:3]
+            raise RuntimeError(f"rollout engine has no weights for {missing}...; call load_weights first")
+        b = len(prompts)
+        prompt_len = max(len(p) for p in prompts)
+        total = prompt_len + params.max_new_tokens
+        if total > self.positions:
+            raise ValueError(
+                f"prompt ({prompt_len}) + max_new_tokens ({params.max_new_tokens}) > positions ({self.positions})"
+            )
+        dev = self.device
+        ids = torch.full((b, prompt_len), pad_token_id, dtype=torch.long, device=dev)
+        key_mask = torch.zeros(b, total, dtype=torch.bool, device=dev)
+        for row, p in enumerate(prompts):
+            ids[row, prompt_len - len(p) :] = torch.as_tensor(list(p), dtype=torch.long)
+            key_mask[row, prompt_len - len(p) : prompt_len] = True
+        positions = (key_mask[:, :prompt_len].long().cumsum(-1) - 1).clamp(min=0)  # [B, Lp]
+        next_pos = key_mask[:, :prompt_len].sum(-1)  # [B]
+        d = self.hidden // self.num_heads
+        cache = [
+            (
+                torch.zeros(b, self.num_heads, total, d, device=dev),
+                torch.zeros(b, self.num_heads, total, d, device=dev),
+            )
+            for _ in range(self.num_layers)
+        ]
+        logits = self._forward(ids, positions, cache, 0, key_mask)
+        stop = torch.tensor(params.stop_token_ids, dtype=torch.long, device=dev)
+        done = torch.zeros(b, dtype=torch.bool, device=dev)
+        out = torch.full((b, params.max_new_tokens), pad_token_id, dtype=torch.long, device=dev)
+        lengths = torch.zeros(b, dtype=torch.long, device=dev)
+        for t in range(params.max_new_tokens):
+            token = self._sample(logits, params, generator)  # [B]
+            token = torch.where(done, torch.full_like(token, pad_token_id), token)
+            out[:, t] = token
+            lengths += (~done).long()
+            done = done | torch.isin(token, stop)
+            if bool(done.all()) or t == params.max_new_tokens - 1:
+                break
+            key_mask[:, prompt_len + t] = True
+            logits = self._forward(token[:, None], next_pos[:, None], cache, prompt_len + t, key_mask)
+            next_pos = next_pos + 1
+        return [out[row, : int(lengths[row])].tolist() for row in range(b)]
