@@ -262,10 +262,9 @@ class GPT2RolloutEngine:
         b = len(prompts)
         prompt_len = max(len(p) for p in prompts)
         total = prompt_len + params.max_new_tokens
-        if total > self.positions:
-            raise ValueError(
-                f"prompt ({prompt_len}) + max_new_tokens ({params.max_new_tokens}) > positions ({self.positions})"
-            )
+        if total > self.positions:  # learned positions cannot extrapolate
+            budget = f"prompt ({prompt_len}) + max_new_tokens ({params.max_new_tokens})"
+            raise ValueError(f"{budget} exceeds the model's {self.positions} positions")
         dev = self.device
         ids = torch.full((b, prompt_len), pad_token_id, dtype=torch.long, device=dev)
         key_mask = torch.zeros(b, total, dtype=torch.bool, device=dev)
