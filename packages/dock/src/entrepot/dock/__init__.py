@@ -1,5 +1,63 @@
-"""entrepot.dock — see the package README for what it provides."""
+"""entrepot.dock: the experience store between rollout and training, in-process or as a Ray actor.
 
+`ExperienceDock` is the core store (rows x columns, ready and consumed bitmaps, blocking gets);
+`GRPODock` is its GRPO preset; `DockClient` is the protocol stages program against;
+`entrepot.dock.ray` (extra `ray`) runs a dock in a Ray actor; `dispatch_get` hands a batch to a
+whole model-parallel group with a constant number of collectives.
+"""
+
+from entrepot.dock._batch import Batch
+from entrepot.dock._client import DockClient
+from entrepot.dock._columns import ColumnSpec
+from entrepot.dock._dispatch import dispatch_get
+from entrepot.dock._dock import ExperienceDock
+from entrepot.dock._errors import (
+    AlreadyConsumedError,
+    ColumnLayoutError,
+    DockConfigError,
+    DockError,
+    DockFullError,
+    DockTimeout,
+    DuplicateIndexError,
+    GroupSizeError,
+    IndexOutOfRangeError,
+    InvalidArgumentError,
+    LengthMismatchError,
+    LossyDtypeError,
+    NotReadyError,
+    RowCountMismatchError,
+    UnknownColumnError,
+    UnknownConsumerError,
+)
+from entrepot.dock._grpo import GRPO_COLUMNS, GRPO_CONSUMERS, GRPODock
+from entrepot.dock._sampling import dp_range_indexes
 from entrepot.dock._version import __version__
 
-__all__ = ["__version__"]
+__all__ = [
+    "GRPO_COLUMNS",
+    "GRPO_CONSUMERS",
+    "AlreadyConsumedError",
+    "Batch",
+    "ColumnLayoutError",
+    "ColumnSpec",
+    "DockClient",
+    "DockConfigError",
+    "DockError",
+    "DockFullError",
+    "DockTimeout",
+    "DuplicateIndexError",
+    "ExperienceDock",
+    "GRPODock",
+    "GroupSizeError",
+    "IndexOutOfRangeError",
+    "InvalidArgumentError",
+    "LengthMismatchError",
+    "LossyDtypeError",
+    "NotReadyError",
+    "RowCountMismatchError",
+    "UnknownColumnError",
+    "UnknownConsumerError",
+    "__version__",
+    "dispatch_get",
+    "dp_range_indexes",
+]

@@ -1,0 +1,94 @@
+"""What a get returns: the rows' data in a padded or packed layout, plus their indexes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from tensordict import TensorDict
+
+from entrepot.batching import pad
+
+Layout = Literal["padded", "packed"]
+LAYOUTS = ("padded", "packed")
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Rows handed to one consumer.
+
+    Shape legend: B rows, L_c the padded width of column c (its longest row rounded up to
+    `pad_multiple`), T_c the total valid elements of column c.
+
+    Attributes:
+        indexes: int64 [B] the dock rows, in batch order; pass them back to `put` with the outputs.
+        data: `padded` layout: TensorDict with batch_size [B]; sequence columns [B, L_c], scalar
+            columns [B]. `packed` layout: TensorDict with batch_size []; sequence columns flat [T_c],
+            scalar columns [B].
+        lengths: int64 [B] per sequence column (valid elements of each row).
+        layout: "padded" or "packed".
+        ages: int32 [B] how many clears each row survived unfinished (partial rollout), else zeros.
+    """
+
+    indexes: torch.Tensor
+    data: TensorDict
+    lengths: dict[str, torch.Tensor]
+    layout: Layout
+    ages: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.indexes.numel())
+
+    def cu_seqlens(self, column: str) -> torch.Tensor:
+        """int32 [B + 1] cumulative lengths of a sequence column (row i is flat[cu[i]:cu[i+1]])."""
+        lengths = self.lengths[column]
+        return torch.nn.functional.pad(torch.cumsum(lengths, 0), (1, 0)).to(torch.int32)
+
+    def split(self, num_chunks: int) -> list[Batch]:
+        """Cut a padded batch into `num_chunks` equal consecutive parts (e.g. one per DP rank)."""
+        if self.layout != "padded" or num_chunks < 1 or len(self) % num_chunks:
+            raise ValueError(
+                f"split needs a padded batch whose size ({len(self)}) is a multiple of "
+                f"num_chunks ({num_chunks})"
+            )
+        size = len(self) // num_chunks
+        parts = []
+        for start in range(0, len(self), size):
+            rows = slice(start, start + size)
+            parts.append(
+                Batch(
+                    indexes=self.indexes[rows],
+                    data=self.data[rows],
+                    lengths={name: lengths[rows] for name, lengths in self.lengths.items()},
+                    layout="padded",
+                    ages=self.ages[rows],
+                )
+            )
+        return parts
+
+
+def build_batch(
+    indexes: torch.Tensor,
+    raw: Mapping[str, tuple[torch.Tensor, torch.Tensor | None]],
+    ages: torch.Tensor,
+    layout: Layout,
+    pad_value: float = 0,
+    pad_multiple: int = 1,
+) -> Batch:
+    """Lay out gathered columns (flat [T_c] + lengths [B], or scalar values [B] with lengths None)."""
+    num_rows = int(indexes.numel())
+    lengths = {name: lens for name, (_, lens) in raw.items() if lens is not None}
+    if layout == "packed":
+        data = TensorDict({name: flat for name, (flat, _) in raw.items()}, batch_size=[])
+        return Batch(indexes, data, lengths, layout, ages)
+    columns: dict[str, torch.Tensor] = {}
+    for name, (flat, lens) in raw.items():
+        if lens is None:
+            columns[name] = flat
+        elif num_rows == 0:
+            columns[name] = flat.new_empty((0, 0))
+        else:
+            columns[name], _ = pad((flat, lens), pad_value=pad_value, multiple=pad_multiple)
+    return Batch(indexes, TensorDict(columns, batch_size=[num_rows]), lengths, layout, ages)

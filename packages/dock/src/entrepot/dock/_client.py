@@ -1,0 +1,58 @@
+"""DockClient: the calls a stage makes, whether the dock lives in this process or in a Ray actor."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from entrepot.dock._batch import Batch
+
+
+@runtime_checkable
+class DockClient(Protocol):
+    """What stages use. `ExperienceDock` (and `GRPODock`) implement it in-process, with no copy of the
+    caller's tensors beyond the store itself; `entrepot.dock.ray.RayDockClient` implements it for a dock
+    in a Ray actor. Arguments and results are those of `ExperienceDock`.
+    """
+
+    def put(
+        self,
+        data: Mapping[str, Any],
+        indexes: Sequence[int] | torch.Tensor,
+        *,
+        lengths: Mapping[str, Any] | None = None,
+        completed: Sequence[bool] | torch.Tensor | None = None,
+    ) -> None: ...
+
+    def get(
+        self,
+        consumer: str,
+        columns: Sequence[str],
+        count: int,
+        *,
+        indexes: Sequence[int] | torch.Tensor | None = None,
+        min_count: int | None = None,
+        timeout: float | None = None,
+        groups: bool | None = None,
+        sampler: Any = "fifo",
+        num_ranks: int = 1,
+        layout: Any = "padded",
+        pad_value: float = 0,
+        pad_multiple: int = 1,
+    ) -> Batch | None: ...
+
+    def all_consumed(self, consumer: str) -> bool: ...
+
+    def progress(self, consumer: str) -> dict[str, int]: ...
+
+    def clear(self, indexes: Sequence[int] | torch.Tensor | None = None) -> None: ...
+
+    def reset(self) -> None: ...
+
+    def metrics(self) -> dict[str, float]: ...
+
+    def save(self, path: str) -> None: ...
+
+    def load(self, path: str) -> None: ...

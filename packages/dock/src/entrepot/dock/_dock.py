@@ -1,0 +1,567 @@
+"""ExperienceDock: the rows x columns store between rollout and training.
+
+State (capacity R rows, C columns, K consumers):
+    columns    one flat buffer + offsets/lengths per sequence column, a dense tensor per scalar column
+    ready      bool [C, R]  cell (column, row) holds data
+    consumed   bool [K, R]  consumer k has received row r
+    live       bool [R]     row holds data in at least one column
+    age        int32 [R]    clears a row survived unfinished (partial rollout)
+    completed  bool [R]     False while the row's response is unfinished (partial rollout)
+
+One lock guards all of it; waiting getters sleep on a condition variable that every put and clear
+notifies. A get selects and marks rows under the lock (a few vectorised bitmap operations) and copies
+the data out after releasing it, so copies of different consumers run in parallel.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import torch
+
+from entrepot.dock import _state
+from entrepot.dock._batch import LAYOUTS, Batch, Layout, build_batch
+from entrepot.dock._columns import ColumnSpec, ScalarColumn, SequenceColumn, is_lossless
+from entrepot.dock._errors import (
+    AlreadyConsumedError,
+    ColumnLayoutError,
+    DockConfigError,
+    DockTimeout,
+    GroupSizeError,
+    InvalidArgumentError,
+    LossyDtypeError,
+    NotReadyError,
+    RowCountMismatchError,
+    UnknownColumnError,
+    UnknownConsumerError,
+)
+from entrepot.dock._inputs import ColumnData, as_index_tensor, normalize_put
+from entrepot.dock._sampling import balanced_order
+from entrepot.dock._select import advance_watermark, expand_units, scan
+from entrepot.dock._taken import Taken
+
+Sampler = Literal["fifo", "random", "balanced"]
+SAMPLERS = ("fifo", "random", "balanced")
+Store = SequenceColumn | ScalarColumn
+
+
+class ExperienceDock:
+    """A fixed-capacity table of rows x columns with per-cell ready bits and per-consumer consumed bits.
+
+    Args:
+        capacity: number of rows; defaults to `prompts_num * n_samples_per_prompt`.
+        columns: column names, or a mapping name -> ColumnSpec to fix dtype / scalar-ness up front.
+        consumers: names of the stages that get rows (each receives every row at most once).
+        prompts_num: number of prompt groups (alternative to `capacity`).
+        n_samples_per_prompt: rows per prompt group; group-mode gets take whole groups.
+        seed: seeds the per-consumer random samplers.
+        rollout_consumer: the consumer that generates responses; rows put with `completed=False` go
+            back to it after `clear()` (partial rollout). None disables partial rollout.
+        max_age: with partial rollout, a row that survived `max_age - 1` clears unfinished is marked
+            completed on its next put (the rollout must finish or truncate it).
+        group_gets: default of `get(groups=...)`.
+    """
+
+    def __init__(
+        self,
+        capacity: int | None = None,
+        *,
+        columns: Sequence[str] | Mapping[str, ColumnSpec],
+        consumers: Sequence[str],
+        prompts_num: int | None = None,
+        n_samples_per_prompt: int = 1,
+        seed: int = 0,
+        rollout_consumer: str | None = None,
+        max_age: int | None = None,
+        group_gets: bool = False,
+    ) -> None:
+        if n_samples_per_prompt < 1:
+            raise DockConfigError(f"n_samples_per_prompt must be >= 1, got {n_samples_per_prompt}")
+        if capacity is None:
+            if prompts_num is None:
+                raise DockConfigError("give either capacity or prompts_num (with n_samples_per_prompt)")
+            capacity = prompts_num * n_samples_per_prompt
+        if capacity < 1 or capacity % n_samples_per_prompt:
+            raise DockConfigError(
+                f"capacity ({capacity}) must be >= 1 and a multiple of "
+                f"n_samples_per_prompt ({n_samples_per_prompt})"
+            )
+        specs = dict(columns) if isinstance(columns, Mapping) else {name: ColumnSpec() for name in columns}
+        for names, what in ((list(specs), "column"), (list(consumers), "consumer")):
+            if not names or len(set(names)) != len(names):
+                raise DockConfigError(f"{what} names must be non-empty and distinct, got {names}")
+        if rollout_consumer is not None and rollout_consumer not in consumers:
+            raise DockConfigError(
+                f"rollout_consumer {rollout_consumer!r} is not one of the consumers {list(consumers)}"
+            )
+        if max_age is not None and (max_age < 1 or rollout_consumer is None):
+            raise DockConfigError(f"max_age ({max_age}) must be >= 1 and needs a rollout_consumer")
+        self.capacity = capacity
+        self.n_samples_per_prompt = n_samples_per_prompt
+        self.columns = list(specs)
+        self.consumers = list(consumers)
+        self.seed = seed
+        self.rollout_consumer = rollout_consumer
+        self.max_age = max_age
+        self.group_gets = group_gets
+        self._specs = specs
+        self._column_index = {name: i for i, name in enumerate(self.columns)}
+        self._consumer_index = {name: i for i, name in enumerate(self.consumers)}
+        self._cond = threading.Condition(threading.RLock())
+        self._init_state()
+
+    def _init_state(self) -> None:
+        """Empty rows, fresh bitmaps, reseeded samplers, zeroed metrics (construction and reset)."""
+        capacity, num_consumers = self.capacity, len(self.consumers)
+        self._stores: dict[str, Store | None] = {
+            name: self._make_store(spec) for name, spec in self._specs.items()
+        }
+        self._ready = torch.zeros(len(self.columns), capacity, dtype=torch.bool)
+        self._consumed = torch.zeros(num_consumers, capacity, dtype=torch.bool)
+        self._live = torch.zeros(capacity, dtype=torch.bool)
+        self._age = torch.zeros(capacity, dtype=torch.int32)
+        self._completed = torch.ones(capacity, dtype=torch.bool)
+        self._num_live = 0
+        self._num_consumed = [0] * num_consumers
+        self._watermark = [0] * num_consumers
+        self._generators = [torch.Generator().manual_seed(self.seed + k) for k in range(num_consumers)]
+        self._counts = {"puts": 0, "gets": 0, "rows_put": 0}
+        self._rows_got = [0] * num_consumers
+        self._wait_s = [0.0] * num_consumers
+
+    def _make_store(self, spec: ColumnSpec) -> Store | None:
+        if spec.dtype is None or spec.scalar is None:
+            return None  # fixed by the first put
+        if spec.scalar:
+            return ScalarColumn(self.capacity, spec.dtype)
+        return SequenceColumn(self.capacity, spec.dtype)
+
+    # ------------------------------------------------------------------ put
+
+    def put(
+        self,
+        data: Mapping[str, Any],
+        indexes: Sequence[int] | torch.Tensor,
+        *,
+        lengths: Mapping[str, Any] | None = None,
+        completed: Sequence[bool] | torch.Tensor | None = None,
+    ) -> None:
+        """Store columns for rows `indexes`, mark the cells ready and wake waiting getters.
+
+        Args:
+            data: column -> values for B rows: a [B] tensor (scalars), a padded [B, L] tensor (with
+                `lengths`, else every row is L long), a packed [T] tensor with `lengths`, a
+                `(tensor, lengths)` tuple, or a list of B tensors. A TensorDict works like a dict.
+            indexes: B distinct rows in [0, capacity).
+            lengths: column -> int [B] valid lengths of padded or packed columns.
+            completed: bool [B] (partial rollout): False marks a row's response as unfinished.
+
+        Raises:
+            DockError subclass naming the column or index; nothing is stored when it raises.
+        """
+        rows = as_index_tensor(indexes, self.capacity)
+        if not len(data):
+            raise InvalidArgumentError("put needs at least one column")
+        for name in data:
+            if name not in self._column_index:
+                raise UnknownColumnError(name, self.columns)
+        done = self._as_completed(completed, rows.numel())
+        if rows.numel() == 0:
+            return
+        hints = {name: self._scalar_kind(name) for name in data}
+        columns = normalize_put(data, lengths, rows.numel(), hints)
+        with self._cond:
+            for name, column in columns.items():
+                self._check_column(name, column)
+            for name, column in columns.items():
+                self._write(name, rows, column)
+            new_rows = ~self._live[rows]
+            self._num_live += int(new_rows.sum())
+            self._live[rows] = True
+            if done is not None:
+                self._mark_completed(rows, done)
+            self._counts["puts"] += 1
+            self._counts["rows_put"] += rows.numel()
+            self._cond.notify_all()
+
+    def _as_completed(self, completed: Any, num_rows: int) -> torch.Tensor | None:
+        if completed is None:
+            return None
+        if self.rollout_consumer is None:
+            raise DockConfigError(
+                "put(completed=...) needs a dock built with rollout_consumer (partial rollout)"
+            )
+        done = torch.as_tensor(completed, dtype=torch.bool).reshape(-1)
+        if done.numel() != num_rows:
+            raise RowCountMismatchError("completed", num_rows, done.numel())
+        return done
+
+    def _mark_completed(self, rows: torch.Tensor, done: torch.Tensor) -> None:
+        if self.max_age is not None:
+            done = done | (self._age[rows] >= self.max_age - 1)  # too old to wait another round
+        self._completed[rows] = done
+
+    def _scalar_kind(self, name: str) -> bool | None:
+        store = self._stores.get(name)
+        if store is not None:
+            return isinstance(store, ScalarColumn)
+        return self._specs[name].scalar
+
+    def _check_column(self, name: str, column: ColumnData) -> None:
+        """Raise if `column` cannot be stored in `name` (called under the lock, before any write)."""
+        store = self._stores[name]
+        spec = self._specs[name]
+        scalar = isinstance(store, ScalarColumn) if store is not None else spec.scalar
+        if scalar is not None and scalar != column.scalar:
+            want, got = ("one scalar per row", "sequences") if scalar else ("sequences", "one scalar per row")
+            raise ColumnLayoutError(name, f"the column stores {want}, got {got}")
+        dtype = store.dtype if store is not None else spec.dtype
+        if dtype is not None and not is_lossless(column.flat.dtype, dtype):
+            raise LossyDtypeError(name, str(column.flat.dtype), str(dtype))
+
+    def _write(self, name: str, rows: torch.Tensor, column: ColumnData) -> None:
+        store = self._stores[name]
+        if store is None:
+            spec = ColumnSpec(self._specs[name].dtype or column.flat.dtype, column.scalar)
+            store = self._stores[name] = self._make_store(spec)
+        c = self._column_index[name]
+        if isinstance(store, ScalarColumn):
+            store.write(rows, column.flat)
+        else:
+            assert column.lengths is not None and isinstance(store, SequenceColumn)  # checked above
+            store.write(rows, column.flat, column.lengths, self._ready[c])
+        self._ready[c, rows] = True
+
+    # ------------------------------------------------------------------ get
+
+    def get(
+        self,
+        consumer: str,
+        columns: Sequence[str],
+        count: int,
+        *,
+        indexes: Sequence[int] | torch.Tensor | None = None,
+        min_count: int | None = None,
+        timeout: float | None = None,
+        groups: bool | None = None,
+        sampler: Sampler = "fifo",
+        num_ranks: int = 1,
+        layout: Layout = "padded",
+        pad_value: float = 0,
+        pad_multiple: int = 1,
+    ) -> Batch | None:
+        """Take up to `count` rows ready in all `columns` that `consumer` has not received yet.
+
+        Blocks until at least `min_count` rows (default `count`) are available, or fewer if fewer
+        unconsumed rows are left in the dock (the tail of an iteration).
+
+        Args:
+            consumer: who is reading; each row reaches each consumer once.
+            columns: the columns to return; rows must be ready in all of them.
+            count: most rows to return (a multiple of n_samples_per_prompt in group mode).
+            indexes: read exactly these rows, in this order (guarantee-order mode); waits until they
+                are ready; `count`, `min_count`, `groups` and `sampler` are ignored.
+            min_count: fewest rows worth returning (partial batches); default `count`.
+            timeout: seconds to wait; None waits forever; on expiry raises DockTimeout, taking nothing.
+            groups: take whole prompt groups of n_samples_per_prompt rows (default: the dock's `group_gets`).
+            sampler: "fifo" (lowest rows first), "random" (seeded per consumer, saved in state_dict),
+                or "balanced" (FIFO rows reordered so `batch.split(num_ranks)` gives DP ranks equal tokens).
+            num_ranks: DP ranks for the balanced sampler.
+            layout: "padded" (TensorDict [B, L_c] + lengths) or "packed" (flat [T_c] + lengths / cu_seqlens).
+            pad_value: fill value of the padded layout.
+            pad_multiple: padded widths are rounded up to a multiple of this (e.g. TP x CP size).
+
+        Returns:
+            The batch, or None when `consumer` has received every row the dock holds.
+        """
+        if layout not in LAYOUTS:
+            raise InvalidArgumentError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        if pad_multiple < 1:
+            raise InvalidArgumentError(f"pad_multiple must be >= 1, got {pad_multiple}")
+        taken = self._take(consumer, columns, count, indexes, min_count, timeout, groups, sampler, num_ranks)
+        if taken is None:
+            return None
+        return build_batch(taken.rows, taken.gather(), taken.ages, layout, pad_value, pad_multiple)
+
+    def _take(
+        self,
+        consumer: str,
+        columns: Sequence[str],
+        count: int,
+        indexes: Sequence[int] | torch.Tensor | None = None,
+        min_count: int | None = None,
+        timeout: float | None = None,
+        groups: bool | None = None,
+        sampler: Sampler = "fifo",
+        num_ranks: int = 1,
+    ) -> Taken | None:
+        """Select and mark rows under the lock; return what is needed to copy them out (None: exhausted)."""
+        k = self._check_consumer(consumer)
+        col_ids = self._check_columns(columns)
+        group_size = self.n_samples_per_prompt if (self.group_gets if groups is None else groups) else 1
+        wanted = self._check_counts(count, min_count, group_size, sampler, num_ranks)
+        rows = None if indexes is None else as_index_tensor(indexes, self.capacity)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            started = time.monotonic()
+            while True:
+                if rows is not None:
+                    picked = self._pick_explicit(k, col_ids, rows)
+                else:
+                    if self._num_live == self._num_consumed[k]:
+                        return None
+                    picked = self._pick(k, col_ids, count, wanted, group_size, sampler)
+                if picked is not None:
+                    break
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    self._wait_s[k] += time.monotonic() - started
+                    what = f"rows {rows.tolist()[:8]}" if rows is not None else f"{wanted} rows"
+                    raise DockTimeout(consumer, list(columns), what, float(timeout or 0))
+                self._cond.wait(left)
+            self._wait_s[k] += time.monotonic() - started
+            self._mark_consumed(k, picked)
+            taken = self._snapshot(columns, picked)
+        if sampler == "balanced" and rows is None:
+            taken = taken.reorder(balanced_order(taken.tokens_per_row(), num_ranks, group_size))
+        return taken
+
+    def _check_consumer(self, consumer: str) -> int:
+        if consumer not in self._consumer_index:
+            raise UnknownConsumerError(consumer, self.consumers)
+        return self._consumer_index[consumer]
+
+    def _check_columns(self, columns: Sequence[str]) -> list[int]:
+        if isinstance(columns, str) or not columns or len(set(columns)) != len(columns):
+            raise InvalidArgumentError(f"columns must be a non-empty list of distinct names, got {columns!r}")
+        for name in columns:
+            if name not in self._column_index:
+                raise UnknownColumnError(name, self.columns)
+        return [self._column_index[name] for name in columns]
+
+    def _check_counts(
+        self, count: int, min_count: int | None, group_size: int, sampler: str, num_ranks: int
+    ) -> int:
+        if sampler not in SAMPLERS:
+            raise InvalidArgumentError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
+        if count < 1:
+            raise InvalidArgumentError(f"count must be >= 1, got {count}")
+        wanted = count if min_count is None else min_count
+        if not 1 <= wanted <= count:
+            raise InvalidArgumentError(f"min_count must be in [1, count={count}], got {min_count}")
+        if count % group_size or wanted % group_size:
+            raise GroupSizeError(
+                f"in group mode count ({count}) and min_count ({wanted}) must be multiples of "
+                f"n_samples_per_prompt ({group_size})"
+            )
+        if sampler == "balanced" and (num_ranks < 1 or count % (num_ranks * group_size) or wanted != count):
+            raise InvalidArgumentError(
+                f"the balanced sampler needs count ({count}) divisible by num_ranks ({num_ranks}) x "
+                f"group size ({group_size}) and min_count == count"
+            )
+        return wanted
+
+    def _available_fn(self, k: int, col_ids: list[int]) -> Any:
+        downstream = self.rollout_consumer is not None and self.consumers[k] != self.rollout_consumer
+
+        def available(lo: int, hi: int) -> torch.Tensor:
+            mask = self._ready[col_ids[0], lo:hi] & ~self._consumed[k, lo:hi]
+            for c in col_ids[1:]:
+                mask &= self._ready[c, lo:hi]
+            if downstream:  # unfinished partial responses are for the rollout only
+                mask &= self._completed[lo:hi]
+            return mask
+
+        return available
+
+    def _pick(
+        self, k: int, col_ids: list[int], count: int, wanted: int, group_size: int, sampler: str
+    ) -> torch.Tensor | None:
+        remaining = self._num_live - self._num_consumed[k]
+        need_units = math.ceil(min(wanted, remaining) / group_size)
+        max_units = count // group_size
+        stop_after = None if sampler == "random" else max_units
+        units = scan(
+            self._available_fn(k, col_ids), self._watermark[k], self.capacity, group_size, stop_after
+        )
+        if units.numel() < need_units:
+            return None
+        if sampler == "random" and units.numel() > max_units:
+            pick = torch.randperm(units.numel(), generator=self._generators[k])[:max_units]
+            units = units[pick.sort().values]
+        return expand_units(units[:max_units], group_size)
+
+    def _pick_explicit(self, k: int, col_ids: list[int], rows: torch.Tensor) -> torch.Tensor | None:
+        already = self._consumed[k, rows].nonzero()
+        if already.numel():
+            raise AlreadyConsumedError(self.consumers[k], int(rows[already[0, 0]]))
+        if bool(self._ready[:, rows][col_ids].all()):
+            return rows
+        return None
+
+    def _mark_consumed(self, k: int, rows: torch.Tensor) -> None:
+        self._consumed[k, rows] = True
+        self._num_consumed[k] += rows.numel()
+        self._rows_got[k] += rows.numel()
+        self._counts["gets"] += 1
+        mark = self._watermark[k]
+        if mark < self.capacity and bool(self._consumed[k, mark]):
+            self._watermark[k] = advance_watermark(self._consumed[k], mark)
+
+    def _snapshot(self, columns: Sequence[str], rows: torch.Tensor) -> Taken:
+        parts: dict[str, Any] = {}
+        for name in columns:
+            store = self._stores[name]
+            assert store is not None  # the rows are ready in this column, so it was written
+            parts[name] = store.read(rows) if isinstance(store, ScalarColumn) else store.snapshot(rows)
+        return Taken(rows.clone(), parts, self._age[rows].clone())
+
+    def peek(
+        self,
+        columns: Sequence[str],
+        indexes: Sequence[int] | torch.Tensor,
+        *,
+        layout: Layout = "padded",
+        pad_value: float = 0,
+        pad_multiple: int = 1,
+    ) -> Batch:
+        """Read ready cells without consuming them (e.g. the partial responses a rollout continues)."""
+        if layout not in LAYOUTS:
+            raise InvalidArgumentError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        col_ids = self._check_columns(columns)
+        rows = as_index_tensor(indexes, self.capacity)
+        with self._cond:
+            for name, c in zip(columns, col_ids, strict=True):
+                missing = (~self._ready[c, rows]).nonzero()
+                if missing.numel():
+                    raise NotReadyError(name, int(rows[missing[0, 0]]))
+            taken = self._snapshot(columns, rows)
+        return build_batch(taken.rows, taken.gather(), taken.ages, layout, pad_value, pad_multiple)
+
+    # ------------------------------------------------------------ lifecycle
+
+    def all_consumed(self, consumer: str) -> bool:
+        """True when `consumer` has received every row that holds data (vacuously True on an empty dock)."""
+        k = self._check_consumer(consumer)
+        with self._cond:
+            return self._num_consumed[k] == self._num_live
+
+    def progress(self, consumer: str) -> dict[str, int]:
+        """`consumed` and `live` row counts of one consumer (`live`: rows holding data)."""
+        k = self._check_consumer(consumer)
+        with self._cond:
+            return {"consumed": self._num_consumed[k], "live": self._num_live}
+
+    def clear(self, indexes: Sequence[int] | torch.Tensor | None = None) -> None:
+        """Empty rows: `indexes`, or every row (then, with partial rollout, unfinished groups stay).
+
+        Kept groups age by one and go back to the rollout consumer for their unfinished rows; every
+        other consumer sees them again once they complete.
+        """
+        rows = None if indexes is None else as_index_tensor(indexes, self.capacity)
+        with self._cond:
+            if rows is None:
+                keep = self._unfinished_groups()
+                if keep is None:
+                    self._drop_everything()
+                else:
+                    self._drop(self._live & ~keep)
+                    self._age_kept(keep)
+            else:
+                drop = torch.zeros(self.capacity, dtype=torch.bool)
+                drop[rows] = True
+                self._drop(drop & self._live)
+            self._recount()
+            self._cond.notify_all()
+
+    def _unfinished_groups(self) -> torch.Tensor | None:
+        """bool [R] rows of groups that hold an unfinished row, or None if there are none."""
+        if self.rollout_consumer is None:
+            return None
+        unfinished = (self._live & ~self._completed).view(-1, self.n_samples_per_prompt).any(1)
+        if not bool(unfinished.any()):
+            return None
+        return unfinished.repeat_interleave(self.n_samples_per_prompt)
+
+    def _drop_everything(self) -> None:
+        for store in self._stores.values():
+            if isinstance(store, SequenceColumn):
+                store.drop_all()
+        self._ready.zero_()
+        self._consumed.zero_()
+        self._live.zero_()
+        self._age.zero_()
+        self._completed.fill_(True)
+
+    def _drop(self, drop: torch.Tensor) -> None:
+        rows = drop.nonzero().squeeze(1)
+        for name, store in self._stores.items():
+            if isinstance(store, SequenceColumn):
+                store.forget(rows, self._ready[self._column_index[name]])
+        self._ready[:, rows] = False
+        self._consumed[:, rows] = False
+        self._live[rows] = False
+        self._age[rows] = 0
+        self._completed[rows] = True
+
+    def _age_kept(self, keep: torch.Tensor) -> None:
+        rows = keep.nonzero().squeeze(1)
+        self._age[rows] += 1
+        self._consumed[:, rows] = False
+        assert self.rollout_consumer is not None  # only called with partial rollout
+        k = self._consumer_index[self.rollout_consumer]
+        self._consumed[k, rows] = self._completed[rows]  # finished rows do not go back to the rollout
+
+    def _recount(self) -> None:
+        self._num_live = int(self._live.sum())
+        self._num_consumed = [int(n) for n in self._consumed.sum(1).tolist()]
+        self._watermark = [0] * len(self.consumers)
+
+    def reset(self) -> None:
+        """Back to the freshly built state: no rows, learned column dtypes forgotten, samplers reseeded."""
+        with self._cond:
+            self._init_state()
+            self._cond.notify_all()
+
+    def metrics(self) -> dict[str, float]:
+        """Bytes stored, rows ready per column, rows received and wait seconds per consumer, call counts."""
+        with self._cond:
+            out: dict[str, float] = {f"dock/{key}": float(value) for key, value in self._counts.items()}
+            stored = allocated = 0
+            for store in self._stores.values():
+                if isinstance(store, SequenceColumn):
+                    stored += store.nbytes_live
+                if store is not None:
+                    allocated += store.nbytes_allocated
+            out["dock/bytes_stored"] = float(stored)
+            out["dock/bytes_allocated"] = float(allocated)
+            out["dock/rows_live"] = float(self._num_live)
+            for name, ready in zip(self.columns, self._ready.sum(1).tolist(), strict=True):
+                out[f"dock/rows_ready/{name}"] = float(ready)
+            for k, name in enumerate(self.consumers):
+                out[f"dock/rows_got/{name}"] = float(self._rows_got[k])
+                out[f"dock/wait_s/{name}"] = self._wait_s[k]
+            return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume: rows (compacted), bitmaps, ages, sampler states, counters."""
+        with self._cond:
+            return _state.capture(self)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a `state_dict()` taken from a dock built with the same capacity, columns and consumers."""
+        with self._cond:
+            _state.restore(self, state)
+            self._cond.notify_all()
+
+    def save(self, path: str | Any) -> None:
+        """`state_dict()` to a file (torch.save)."""
+        torch.save(self.state_dict(), path)
+
+    def load(self, path: str | Any) -> None:
+        """`load_state_dict()` from a file written by `save` (loaded with weights_only=True)."""
+        self.load_state_dict(torch.load(path, weights_only=True))

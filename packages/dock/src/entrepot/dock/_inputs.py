@@ -1,0 +1,165 @@
+"""Turn the forms a caller may put into one internal form, validating as we go (nothing is stored here).
+
+Accepted per column (B = number of indexes, L = padded length, T = total valid elements):
+    Tensor [B]                          one scalar per row
+    Tensor [B, L] (+ lengths [B])       padded rows; without lengths every row has L elements
+    Tensor [T] + lengths [B]            packed rows (flat + lengths)
+    (tensor, lengths) tuple             the same two forms with their lengths attached
+    list of B tensors                   0-d tensors / numbers (scalars) or 1-D tensors (rows)
+A TensorDict is read like a dict. The internal form is `ColumnData(flat, lengths)`, lengths None for
+scalar columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from entrepot.dock._errors import (
+    ColumnLayoutError,
+    DuplicateIndexError,
+    IndexOutOfRangeError,
+    LengthMismatchError,
+    RowCountMismatchError,
+)
+
+
+@dataclass
+class ColumnData:
+    """One column of a put, unpadded: flat [T] + lengths int64 [B], or values [B] with lengths None."""
+
+    flat: torch.Tensor
+    lengths: torch.Tensor | None
+
+    @property
+    def scalar(self) -> bool:
+        return self.lengths is None
+
+
+def as_index_tensor(indexes: Any, capacity: int) -> torch.Tensor:
+    """Validate row indexes (integers, in range, distinct) and return them as int64 [B]."""
+    rows = torch.as_tensor(indexes)
+    if rows.ndim == 0:
+        rows = rows.reshape(1)
+    if rows.ndim != 1 or (rows.numel() and (rows.dtype.is_floating_point or rows.dtype == torch.bool)):
+        raise ColumnLayoutError(
+            "indexes", f"must be a 1-D sequence of integers, got shape {tuple(rows.shape)} {rows.dtype}"
+        )
+    rows = rows.to(torch.int64)
+    if rows.numel() == 0:
+        return rows
+    bad = ((rows < 0) | (rows >= capacity)).nonzero()
+    if bad.numel():
+        raise IndexOutOfRangeError(int(rows[bad[0, 0]]), capacity)
+    sorted_rows, _ = torch.sort(rows)
+    dup = (sorted_rows[1:] == sorted_rows[:-1]).nonzero()
+    if dup.numel():
+        raise DuplicateIndexError(int(sorted_rows[dup[0, 0]]))
+    return rows
+
+
+def _as_lengths(column: str, lengths: Any, num_rows: int) -> torch.Tensor:
+    lengths = torch.as_tensor(lengths)
+    if lengths.dtype.is_floating_point or lengths.dtype == torch.bool or lengths.ndim != 1:
+        raise LengthMismatchError(
+            column, f"lengths must be a 1-D integer tensor, got shape {tuple(lengths.shape)} {lengths.dtype}"
+        )
+    if lengths.numel() != num_rows:
+        raise RowCountMismatchError(column, num_rows, lengths.numel())
+    lengths = lengths.to(torch.int64)
+    if lengths.numel() and int(lengths.min()) < 0:
+        raise LengthMismatchError(column, f"lengths must be >= 0, got {int(lengths.min())}")
+    return lengths
+
+
+def _from_list(column: str, items: Sequence[Any], scalar_hint: bool | None) -> ColumnData:
+    tensors = [torch.as_tensor(item) for item in items]
+    if not tensors:
+        return ColumnData(torch.empty(0), None if scalar_hint else torch.empty(0, dtype=torch.int64))
+    ndims = {t.ndim for t in tensors}
+    if ndims == {0} or (scalar_hint and ndims <= {0, 1} and all(t.numel() == 1 for t in tensors)):
+        return ColumnData(torch.stack([t.reshape(()) for t in tensors]), None)
+    if ndims != {1}:
+        raise ColumnLayoutError(column, f"list items must all be 0-d (scalars) or all 1-D, got ndims {ndims}")
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) != 1:
+        raise ColumnLayoutError(column, f"list items have different dtypes {sorted(map(str, dtypes))}")
+    lengths = torch.tensor([t.numel() for t in tensors], dtype=torch.int64)
+    return ColumnData(torch.cat(tensors), lengths)
+
+
+def _from_tensor(
+    column: str, data: torch.Tensor, lengths: Any, num_rows: int, scalar_hint: bool | None
+) -> ColumnData:
+    if data.ndim == 0 or data.ndim > 2:
+        raise ColumnLayoutError(
+            column, f"expected [B], [B, L] or packed [T] data, got shape {tuple(data.shape)}"
+        )
+    if lengths is None:
+        if data.ndim == 1:
+            return ColumnData(data, None)
+        if scalar_hint and data.shape[1] == 1:
+            return ColumnData(data[:, 0], None)
+        return ColumnData(data.reshape(-1), torch.full((data.shape[0],), data.shape[1], dtype=torch.int64))
+    lens = _as_lengths(column, lengths, num_rows)
+    if data.ndim == 1:  # packed
+        if int(lens.sum()) != data.numel():
+            raise LengthMismatchError(
+                column, f"lengths sum to {int(lens.sum())} but the packed tensor has {data.numel()} elements"
+            )
+        return ColumnData(data, lens)
+    if data.shape[0] != num_rows:
+        raise RowCountMismatchError(column, num_rows, data.shape[0])
+    if lens.numel() and int(lens.max()) > data.shape[1]:
+        row = int(lens.argmax())
+        raise LengthMismatchError(
+            column,
+            f"row {row} has length {int(lens[row])} but the padded tensor is only {data.shape[1]} wide",
+        )
+    mask = torch.arange(data.shape[1]) < lens[:, None]  # [B, L]
+    return ColumnData(data[mask], lens)  # boolean mask keeps row-major order: the valid tokens only
+
+
+def normalize_column(
+    column: str, value: Any, lengths: Any, num_rows: int, scalar_hint: bool | None
+) -> ColumnData:
+    """One column of a put, in any accepted form, as ColumnData with its row count checked."""
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], torch.Tensor):
+        if lengths is not None:
+            raise ColumnLayoutError(column, "lengths given twice (in the tuple and in `lengths`)")
+        value, lengths = value
+    if isinstance(value, torch.Tensor):
+        out = _from_tensor(column, value.detach(), lengths, num_rows, scalar_hint)
+    elif isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        if lengths is not None:
+            raise ColumnLayoutError(
+                column, "a list of tensors carries its own lengths; do not pass `lengths`"
+            )
+        out = _from_list(column, value, scalar_hint)
+    else:
+        raise ColumnLayoutError(column, f"cannot store a {type(value).__name__}; pass tensors (see put)")
+    rows = out.flat.numel() if out.lengths is None else out.lengths.numel()
+    if rows != num_rows:
+        raise RowCountMismatchError(column, num_rows, rows)
+    return out
+
+
+def normalize_put(
+    data: Mapping[str, Any],
+    lengths: Mapping[str, Any] | None,
+    num_rows: int,
+    scalar_hints: Mapping[str, bool | None],
+) -> dict[str, ColumnData]:
+    """Every column of a put as ColumnData; `scalar_hints`: column -> scalar kind (None: unknown)."""
+    lengths = dict(lengths or {})
+    stray = set(lengths) - set(data.keys())
+    if stray:
+        name = sorted(stray)[0]
+        raise ColumnLayoutError(name, "lengths given for a column that is not in the data")
+    return {
+        column: normalize_column(column, value, lengths.get(column), num_rows, scalar_hints.get(column))
+        for column, value in data.items()
+    }

@@ -1,0 +1,49 @@
+"""Rows a get has selected and marked, held as snapshots until their data is copied out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from entrepot.dock._columns import SeqSnapshot
+
+
+@dataclass
+class Taken:
+    """The selected rows and, per column, a snapshot (sequence) or the values (scalar).
+
+    rows: int64 [B]; parts: column -> SeqSnapshot or values [B]; ages: int32 [B].
+    """
+
+    rows: torch.Tensor
+    parts: dict[str, SeqSnapshot | torch.Tensor]
+    ages: torch.Tensor
+
+    def tokens_per_row(self) -> torch.Tensor:
+        """int64 [B] valid elements per row summed over the sequence columns (1 per row if none)."""
+        total = torch.zeros(self.rows.numel(), dtype=torch.int64)
+        for part in self.parts.values():
+            if isinstance(part, SeqSnapshot):
+                total += part.lengths
+        return total if bool(total.any()) else torch.ones_like(total)
+
+    def reorder(self, order: torch.Tensor) -> Taken:
+        """The same rows in a new order (int64 [B] permutation)."""
+        parts: dict[str, SeqSnapshot | torch.Tensor] = {}
+        for name, part in self.parts.items():
+            if isinstance(part, SeqSnapshot):
+                parts[name] = SeqSnapshot(part.buffer, part.offsets[order], part.lengths[order])
+            else:
+                parts[name] = part[order]
+        return Taken(self.rows[order], parts, self.ages[order])
+
+    def gather(self) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+        """column -> (flat [T_c], lengths int64 [B]) for sequences, (values [B], None) for scalars."""
+        out: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        for name, part in self.parts.items():
+            if isinstance(part, SeqSnapshot):
+                out[name] = (part.gather(), part.lengths)
+            else:
+                out[name] = (part, None)
+        return out

@@ -1,0 +1,120 @@
+"""One-buffer wire format: many 1-D tensors of any dtypes as a single uint8 buffer plus a small layout.
+
+Used to move a batch through Ray's object store (one large zero-copy buffer instead of one pickled
+tensor per row) and through torch.distributed (one broadcast instead of one per column).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from entrepot.dock._columns import SeqSnapshot
+from entrepot.dock._taken import Taken
+
+_ALIGN = 64  # every tensor starts on a 64-byte boundary, so typed views are aligned
+
+Raw = dict[str, tuple[torch.Tensor, torch.Tensor | None]]
+
+
+@dataclass(frozen=True)
+class WireLayout:
+    """Where each tensor lives in the buffer: (key, dtype name, byte offset, numel) per entry."""
+
+    entries: tuple[tuple[str, str, int, int], ...]
+    nbytes: int
+
+
+def plan(specs: Iterable[tuple[str, torch.dtype, int]]) -> WireLayout:
+    """Byte offsets for tensors given as (key, dtype, numel)."""
+    entries = []
+    offset = 0
+    for key, dtype, numel in specs:
+        entries.append((key, str(dtype).removeprefix("torch."), offset, numel))
+        size = numel * torch.empty(0, dtype=dtype).element_size()
+        offset += -(-size // _ALIGN) * _ALIGN
+    return WireLayout(tuple(entries), offset)
+
+
+def views(layout: WireLayout, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
+    """key -> typed 1-D view into `buffer` (uint8 [layout.nbytes])."""
+    out = {}
+    for key, dtype_name, offset, numel in layout.entries:
+        dtype = getattr(torch, dtype_name)
+        size = numel * torch.empty(0, dtype=dtype).element_size()
+        out[key] = buffer.narrow(0, offset, size).view(dtype)
+    return out
+
+
+def as_uint8(array: Any) -> torch.Tensor:
+    """A (possibly read-only, e.g. from Ray's object store) numpy uint8 array as a tensor, no copy.
+
+    The tensor must only be read: every consumer here copies out of it.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "non-writable array": we only read from it
+        return torch.from_numpy(array)
+
+
+def encode(tensors: Mapping[str, torch.Tensor]) -> tuple[WireLayout, torch.Tensor]:
+    """Copy 1-D tensors into one buffer."""
+    layout = plan((key, t.dtype, t.numel()) for key, t in tensors.items())
+    buffer = torch.empty(layout.nbytes, dtype=torch.uint8)
+    for key, view in views(layout, buffer).items():
+        view.copy_(tensors[key].reshape(-1))
+    return layout, buffer
+
+
+def encode_taken(taken: Taken) -> tuple[WireLayout, torch.Tensor]:
+    """The rows of a get straight into one buffer (the gather is the only copy)."""
+    specs: list[tuple[str, torch.dtype, int]] = [("rows", torch.int64, taken.rows.numel())]
+    specs.append(("ages", torch.int32, taken.ages.numel()))
+    for name, part in taken.parts.items():
+        if isinstance(part, SeqSnapshot):
+            specs.append((f"d:{name}", part.buffer.dtype, part.numel))
+            specs.append((f"l:{name}", torch.int64, part.lengths.numel()))
+        else:
+            specs.append((f"s:{name}", part.dtype, part.numel()))
+    layout = plan(specs)
+    buffer = torch.empty(layout.nbytes, dtype=torch.uint8)
+    out = views(layout, buffer)
+    out["rows"].copy_(taken.rows)
+    out["ages"].copy_(taken.ages)
+    for name, part in taken.parts.items():
+        if isinstance(part, SeqSnapshot):
+            part.gather(out=out[f"d:{name}"])
+            out[f"l:{name}"].copy_(part.lengths)
+        else:
+            out[f"s:{name}"].copy_(part)
+    return layout, buffer
+
+
+def encode_raw(
+    rows: torch.Tensor, raw: Mapping[str, tuple[torch.Tensor, torch.Tensor | None]], ages: torch.Tensor
+) -> tuple[WireLayout, torch.Tensor]:
+    """Rows + columns (flat, lengths | None) into one buffer."""
+    tensors = {"rows": rows, "ages": ages}
+    for name, (flat, lengths) in raw.items():
+        if lengths is None:
+            tensors[f"s:{name}"] = flat
+        else:
+            tensors[f"d:{name}"] = flat
+            tensors[f"l:{name}"] = lengths
+    return encode(tensors)
+
+
+def decode(layout: WireLayout, buffer: torch.Tensor) -> tuple[torch.Tensor, Raw, torch.Tensor]:
+    """(rows, column -> (flat, lengths | None), ages) as views of `buffer`, columns in wire order."""
+    parts = views(layout, buffer)
+    raw: Raw = {}
+    for key, tensor in parts.items():
+        kind, _, name = key.partition(":")
+        if kind == "d":
+            raw[name] = (tensor, parts[f"l:{name}"])
+        elif kind == "s":
+            raw[name] = (tensor, None)
+    return parts["rows"], raw, parts["ages"]

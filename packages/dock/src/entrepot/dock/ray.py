@@ -1,0 +1,198 @@
+"""The dock as a Ray actor, behind the same DockClient API (needs `pip install entrepot-dock[ray]`).
+
+    client = RayDockClient.launch(GRPODock, prompts_num=256, n_samples_per_prompt=8)
+    rows = client.put_prompts(prompts)
+    batch = client.get("actor_rollout", ["prompts"], 64)
+
+The actor is threaded: gets (which may block) run in a "get" concurrency group of `max_concurrency`
+threads, puts and control calls in their own small group, so blocked getters never starve a put.
+It asks for a fraction of a CPU. Data crosses Ray as one uint8 numpy buffer per call (see _wire):
+Ray stores it in the object store once and the receiver maps it without copying; nothing is
+pickled per row or per column. The client handle is picklable: pass it to other actors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+try:
+    import ray
+except ImportError as error:  # pragma: no cover - exercised only without the extra
+    raise ImportError("entrepot.dock.ray needs Ray: pip install 'entrepot-dock[ray]'") from error
+
+from entrepot.dock._batch import LAYOUTS, Batch, Layout, build_batch
+from entrepot.dock._dock import ExperienceDock
+from entrepot.dock._errors import InvalidArgumentError
+from entrepot.dock._inputs import normalize_put
+from entrepot.dock._wire import WireLayout, as_uint8, decode, encode, encode_taken
+
+__all__ = ["DockActor", "RayDockClient"]
+
+
+@ray.remote(concurrency_groups={"put": 4, "get": 16})
+class DockActor:
+    """Holds one ExperienceDock (or subclass) and serves wire-format puts and gets."""
+
+    def __init__(
+        self, dock_cls: type[ExperienceDock], dock_kwargs: dict[str, Any], num_threads: int = 1
+    ) -> None:
+        torch.set_num_threads(num_threads)
+        self._dock = dock_cls(**dock_kwargs)
+
+    @ray.method(concurrency_group="put")
+    def put_wire(self, layout: WireLayout, buffer: Any, indexes: torch.Tensor, completed: Any) -> None:
+        _, raw, _ = decode(layout, as_uint8(buffer))
+        data = {name: flat if lengths is None else (flat, lengths) for name, (flat, lengths) in raw.items()}
+        self._dock.put(data, indexes, completed=completed)
+
+    @ray.method(concurrency_group="get")
+    def get_wire(self, consumer: str, columns: list[str], count: int, kwargs: dict[str, Any]) -> Any:
+        taken = self._dock._take(consumer, columns, count, **kwargs)
+        if taken is None:
+            return None
+        layout, buffer = encode_taken(taken)
+        return layout, buffer.numpy()
+
+    @ray.method(concurrency_group="put")
+    def call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return getattr(self._dock, method)(*args, **kwargs)
+
+
+class RayDockClient:
+    """DockClient for a dock living in a `DockActor`; same arguments and results as ExperienceDock."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    @classmethod
+    def launch(
+        cls,
+        dock_cls: type[ExperienceDock] = ExperienceDock,
+        *,
+        num_cpus: float = 0.25,
+        max_concurrency: int = 16,
+        name: str | None = None,
+        **dock_kwargs: Any,
+    ) -> RayDockClient:
+        """Start a DockActor holding `dock_cls(**dock_kwargs)` and return a client for it.
+
+        Args:
+            dock_cls: ExperienceDock or a subclass such as GRPODock.
+            num_cpus: the actor's CPU request (it mostly waits and copies memory).
+            max_concurrency: threads serving gets (each blocked get holds one).
+            name: optional Ray actor name, so other processes can `ray.get_actor` it.
+            dock_kwargs: the dock's constructor arguments.
+        """
+        options: dict[str, Any] = {
+            "num_cpus": num_cpus,
+            "concurrency_groups": {"put": 4, "get": max_concurrency},
+        }
+        if name is not None:
+            options["name"] = name
+        actor = DockActor.options(**options).remote(dock_cls, dock_kwargs)  # type: ignore[attr-defined]
+        return cls(actor)
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return ray.get(self.actor.call.remote(method, args, kwargs))
+
+    def put(
+        self,
+        data: Mapping[str, Any],
+        indexes: Sequence[int] | torch.Tensor,
+        *,
+        lengths: Mapping[str, Any] | None = None,
+        completed: Sequence[bool] | torch.Tensor | None = None,
+    ) -> None:
+        """As ExperienceDock.put; the data is unpadded here and shipped as one buffer."""
+        rows = torch.as_tensor(indexes).reshape(-1)
+        columns = normalize_put(data, lengths, rows.numel(), {})
+        tensors: dict[str, torch.Tensor] = {}
+        for name, column in columns.items():
+            if column.lengths is None:
+                tensors[f"s:{name}"] = column.flat
+            else:
+                tensors[f"d:{name}"] = column.flat
+                tensors[f"l:{name}"] = column.lengths
+        tensors["rows"] = torch.empty(0, dtype=torch.int64)
+        tensors["ages"] = torch.empty(0, dtype=torch.int32)
+        layout, buffer = encode(tensors)
+        done = None if completed is None else torch.as_tensor(completed, dtype=torch.bool)
+        ray.get(self.actor.put_wire.remote(layout, buffer.numpy(), rows, done))
+
+    def get(
+        self,
+        consumer: str,
+        columns: Sequence[str],
+        count: int,
+        *,
+        indexes: Sequence[int] | torch.Tensor | None = None,
+        min_count: int | None = None,
+        timeout: float | None = None,
+        groups: bool | None = None,
+        sampler: Any = "fifo",
+        num_ranks: int = 1,
+        layout: Layout = "padded",
+        pad_value: float = 0,
+        pad_multiple: int = 1,
+    ) -> Batch | None:
+        """As ExperienceDock.get; the rows arrive as one zero-copy buffer and are laid out here."""
+        if layout not in LAYOUTS:
+            raise InvalidArgumentError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        kwargs = {
+            "indexes": None if indexes is None else torch.as_tensor(indexes),
+            "min_count": min_count,
+            "timeout": timeout,
+            "groups": groups,
+            "sampler": sampler,
+            "num_ranks": num_ranks,
+        }
+        reply = ray.get(self.actor.get_wire.remote(consumer, list(columns), count, kwargs))
+        if reply is None:
+            return None
+        wire_layout, array = reply
+        rows, raw, ages = decode(wire_layout, as_uint8(array))
+        if layout == "packed":  # the received buffer is read-only shared memory: hand out copies
+            raw = {name: (flat.clone(), lengths) for name, (flat, lengths) in raw.items()}
+        raw = {
+            name: (flat, None if lengths is None else lengths.clone())
+            for name, (flat, lengths) in raw.items()
+        }
+        return build_batch(rows.clone(), raw, ages.clone(), layout, pad_value, pad_multiple)
+
+    def put_prompts(
+        self, prompts: Any, n_samples_per_prompt: int | None = None, **kwargs: Any
+    ) -> torch.Tensor:
+        """GRPODock.put_prompts in the actor."""
+        result: torch.Tensor = self._call("put_prompts", prompts, n_samples_per_prompt, **kwargs)
+        return result
+
+    def peek(self, columns: Sequence[str], indexes: Sequence[int] | torch.Tensor, **kwargs: Any) -> Batch:
+        result: Batch = self._call("peek", list(columns), torch.as_tensor(indexes), **kwargs)
+        return result
+
+    def all_consumed(self, consumer: str) -> bool:
+        return bool(self._call("all_consumed", consumer))
+
+    def progress(self, consumer: str) -> dict[str, int]:
+        result: dict[str, int] = self._call("progress", consumer)
+        return result
+
+    def clear(self, indexes: Sequence[int] | torch.Tensor | None = None) -> None:
+        self._call("clear", indexes)
+
+    def reset(self) -> None:
+        self._call("reset")
+
+    def metrics(self) -> dict[str, float]:
+        result: dict[str, float] = self._call("metrics")
+        return result
+
+    def save(self, path: str) -> None:
+        """Save the actor's dock to `path` (a path on the actor's node)."""
+        self._call("save", path)
+
+    def load(self, path: str) -> None:
+        self._call("load", path)
