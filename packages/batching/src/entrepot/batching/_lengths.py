@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import gc
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
@@ -44,3 +46,20 @@ def as_length_tensor(lengths: LengthsLike, name: str = "lengths") -> Tensor:
 def round_up(value: int, multiple: int) -> int:
     """Smallest multiple of ``multiple`` that is >= ``value``."""
     return -(-value // multiple) * multiple
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for an allocation-heavy, cycle-free computation.
+
+    The partitioners allocate O(N) small tuples and lists and create no reference cycles; with
+    the collector on, those allocations trigger full collections that scan every live object in
+    the process (torch alone holds ~170k), which made a 16k-item partition 2-3x slower.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

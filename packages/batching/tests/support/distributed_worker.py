@@ -1,0 +1,39 @@
+"""One rank of the gloo test: plan micro-batches with a process group, print the plan as JSON.
+
+Run as ``python distributed_worker.py RANK WORLD_SIZE PORT LENGTHS_JSON BUDGET``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+from entrepot.batching import plan_micro_batches
+
+
+def main() -> None:
+    rank, world_size, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    lengths, budget = json.loads(sys.argv[4]), int(sys.argv[5])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    try:
+        plan = plan_micro_batches(lengths, budget, group=dist.group.WORLD)
+        local = plan_micro_batches(lengths, budget)
+        print(
+            json.dumps(
+                {
+                    "micro_batches": plan.micro_batches,
+                    "token_counts": plan.token_counts,
+                    "local_count": local.num_micro_batches,
+                }
+            )
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
