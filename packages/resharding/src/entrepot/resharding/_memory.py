@@ -23,7 +23,8 @@ class TransitionRecord:
         peak_bytes: peak device memory during the transition. On cuda/npu the allocator's
             peak (``max_memory_allocated``); on CPU, where no allocator statistics exist, the
             largest total of bytes held by the tracked tensors (training params, grads,
-            optimizer state and the resharded inference copy) sampled between stages.
+            optimizer state, the resharded copy and the inference engine's weights and KV
+            cache) sampled between stages.
         resident_bytes: the same measure at the end of the transition.
         memory_source: ``"allocator"`` or ``"tracked"``, saying which of the two it is.
         stages: the stages run, in order (e.g. ``("reshard", "offload_params", ...)``).

@@ -129,14 +129,20 @@ class ShardingManager:
 
         Stages: onload train params (if offloaded) -> reshard -> offload train params ->
         onload inference weights -> load weights (the resharded copy is then dropped) ->
-        onload KV cache.
+        onload KV cache. When the resharded weights alias the training params (a
+        ``LocalResharder`` passes unfused tensors through as views), the params are offloaded
+        only after the weights are loaded, since offloading them would free those views too.
         """
         probe = self._begin("infer", entering=True)
         self._onload_params(probe)
         weights = self.resharder.reshard(self.train_engine.named_train_parameters())
-        self._in_flight_bytes = sum(t.untyped_storage().nbytes() for t in _unique_storages(weights))
+        params = self.offloader.storage_pointers("params") if self.offloader is not None else set()
+        unique = _unique_storages(weights)
+        fresh = [t for t in unique if t.untyped_storage().data_ptr() not in params]
+        self._in_flight_bytes = sum(t.untyped_storage().nbytes() for t in fresh)
         probe.stage("reshard")
-        if self.offload_train_params:
+        offload_after_load = len(fresh) < len(unique)
+        if self.offload_train_params and not offload_after_load:
             self._offload("params", probe)
         self.infer_engine.onload(("weights",))
         probe.stage("onload_weights")
@@ -144,6 +150,8 @@ class ShardingManager:
         del weights
         self._in_flight_bytes = 0
         probe.stage("load_weights")
+        if self.offload_train_params and offload_after_load:
+            self._offload("params", probe)
         self.infer_engine.onload(("kv_cache",))
         probe.stage("onload_kv_cache")
         return self._end("enter_infer_mode", probe, "infer")
@@ -233,7 +241,7 @@ class ShardingManager:
 
     def _tracked_bytes(self) -> int:
         resident = self.offloader.resident_bytes() if self.offloader is not None else 0
-        return resident + self._in_flight_bytes
+        return resident + self._in_flight_bytes + self.infer_engine.resident_bytes()
 
 
 def _unique_storages(weights: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:

@@ -130,6 +130,10 @@ class Offloader:
         """Re-allocate optimizer state storages on the device and copy the values back."""
         return self._onload(Component.OPTIMIZER)
 
+    def storage_pointers(self, component: Component | str) -> set[int]:
+        """Data pointers of the resident storages of ``component`` (to detect aliasing)."""
+        return {storage.data_ptr() for storage in self._storages(Component(component))}
+
     def resident_bytes(self) -> int:
         """Bytes the tracked tensors currently occupy on their device (deduplicated by storage)."""
         return sum(

@@ -57,6 +57,10 @@ class InferenceEngine(Protocol):
         """Re-acquire the memory for ``tags`` (a subset of ``INFERENCE_TAGS``)."""
         ...
 
+    def resident_bytes(self) -> int:
+        """Device bytes the engine holds now (weights + KV cache), for memory records."""
+        ...
+
 
 @runtime_checkable
 class WeightResharder(Protocol):

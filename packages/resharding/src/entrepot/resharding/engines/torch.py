@@ -9,7 +9,7 @@ storage-resize trick of ``Offloader`` (values dropped: they are reloaded anyway)
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -54,13 +54,22 @@ class TorchTrainingEngine:
 
 
 def copy_weights_in_place(
-    targets: Mapping[str, torch.Tensor], weights: Mapping[str, torch.Tensor], *, strict: bool = True
+    targets: Mapping[str, torch.Tensor],
+    weights: Mapping[str, torch.Tensor],
+    *,
+    required: Collection[str] | None = None,
 ) -> None:
     """Copy ``weights`` into the tensors ``targets`` by name, validating everything first.
 
+    Args:
+        targets: every name a weight may have -> the tensor it is copied into.
+        weights: name -> new value (same shape as the target).
+        required: names that must be given (default: all of ``targets``); a tied weight has
+            two names in ``targets`` but only one needs a value.
+
     Raises:
-        EngineError: a name not in ``targets``, a shape that differs, or (``strict``) a
-            target left without a weight; nothing is copied then.
+        EngineError: a name not in ``targets``, a shape that differs, or a required name
+            left without a weight; nothing is copied then.
     """
     unknown = sorted(set(weights) - set(targets))
     if unknown:
@@ -71,8 +80,8 @@ def copy_weights_in_place(
         if tuple(weight.shape) != tuple(targets[name].shape):
             expected = tuple(targets[name].shape)
             raise EngineError(f"weight {name!r} has shape {tuple(weight.shape)}; engine expects {expected}")
-    missing = sorted(set(targets) - set(weights))
-    if strict and missing:
+    missing = sorted(set(targets if required is None else required) - set(weights))
+    if missing:
         raise EngineError(f"no weight given for {missing[:5]} (of {len(missing)} engine parameters)")
     with torch.no_grad():
         for name, weight in weights.items():
@@ -91,14 +100,16 @@ class TorchInferenceEngine:
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
+        # Tied weights (lm_head = embedding) answer to both names; one of them is enough.
         self._params = dict(module.named_parameters(remove_duplicate=False))
+        self._required = [name for name, _ in module.named_parameters()]
         self._offloader = Offloader(module)
 
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
-        """Copy ``weights`` (every parameter of the module, by name) in place."""
+        """Copy ``weights`` (every distinct parameter of the module, by name) in place."""
         if self._offloader.is_offloaded("params"):
             raise EngineError("the engine's weights are offloaded; call onload(('weights',)) first")
-        copy_weights_in_place(self._params, weights)
+        copy_weights_in_place(self._params, weights, required=self._required)
 
     def offload(self) -> None:
         """Free the weight storages (values dropped); generation allocates its own KV cache."""
