@@ -4,12 +4,12 @@ Like vLLM, the engine owns its own weight tensors in an inference layout (nn.Lin
 matrices, fused ``qkv_proj``) and receives new weights through `load_weights(named_tensors)` after
 each update, from the resharder. The training model is never called during generation.
 
-Inference-layout names (L = layer index):
-``embed_tokens.weight`` [V, H], ``embed_positions.weight`` [P, H],
-``layers.L.input_layernorm.{weight,bias}`` [H], ``layers.L.self_attn.qkv_proj.{weight,bias}`` [3H, H] / [3H],
-``layers.L.self_attn.o_proj.{weight,bias}`` [H, H] / [H], ``layers.L.post_attention_layernorm.{weight,bias}``,
-``layers.L.mlp.fc_in.{weight,bias}`` [4H, H] / [4H], ``layers.L.mlp.fc_out.{weight,bias}`` [H, 4H] / [H],
-``norm.{weight,bias}`` [H], ``lm_head.weight`` [V, H].
+Inference-layout names are those of entrepot.resharding's GPT-2 adaptor (L = layer index):
+``transformer.wte.weight`` [V, H] (also the tied LM head), ``transformer.wpe.weight`` [P, H],
+``transformer.h.L.ln_1.{weight,bias}`` [H], ``transformer.h.L.attn.qkv_proj.{weight,bias}`` [3H, H] / [3H]
+(rows [Q; K; V]), ``transformer.h.L.attn.c_proj.{weight,bias}`` [H, H] / [H], ``transformer.h.L.ln_2.*``,
+``transformer.h.L.mlp.c_fc.{weight,bias}`` [4H, H] / [4H], ``transformer.h.L.mlp.c_proj.{weight,bias}``
+[H, 4H] / [H], ``transformer.ln_f.{weight,bias}`` [H].
 
 Shape legend: B = sequences, S = cached positions, H = hidden, N = heads, D = head dim, V = vocab.
 """
@@ -42,65 +42,43 @@ def gpt2_infer_meta(
     """Name -> (shape, dtype) of every inference-layout tensor of a GPT-2 model."""
     f32 = torch.float32
     meta: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
-        "embed_tokens.weight": ((vocab, hidden), f32),
-        "embed_positions.weight": ((positions, hidden), f32),
-        "norm.weight": ((hidden,), f32),
-        "norm.bias": ((hidden,), f32),
-        "lm_head.weight": ((vocab, hidden), f32),
+        "transformer.wte.weight": ((vocab, hidden), f32),
+        "transformer.wpe.weight": ((positions, hidden), f32),
+        "transformer.ln_f.weight": ((hidden,), f32),
+        "transformer.ln_f.bias": ((hidden,), f32),
     }
     for i in range(num_layers):
-        p = f"layers.{i}."
-        for ln in ("input_layernorm", "post_attention_layernorm"):
+        p = f"transformer.h.{i}."
+        for ln in ("ln_1", "ln_2"):
             meta[p + ln + ".weight"] = ((hidden,), f32)
             meta[p + ln + ".bias"] = ((hidden,), f32)
         for name, out_dim, in_dim in (
-            ("self_attn.qkv_proj", 3 * hidden, hidden),
-            ("self_attn.o_proj", hidden, hidden),
-            ("mlp.fc_in", 4 * hidden, hidden),
-            ("mlp.fc_out", hidden, 4 * hidden),
+            ("attn.qkv_proj", 3 * hidden, hidden),
+            ("attn.c_proj", hidden, hidden),
+            ("mlp.c_fc", 4 * hidden, hidden),
+            ("mlp.c_proj", hidden, 4 * hidden),
         ):
             meta[p + name + ".weight"] = ((out_dim, in_dim), f32)
             meta[p + name + ".bias"] = ((out_dim,), f32)
     return meta
 
 
-_HF_TO_INFER = {
-    "ln_1": "input_layernorm",
-    "ln_2": "post_attention_layernorm",
-    "attn.c_attn": "self_attn.qkv_proj",
-    "attn.c_proj": "self_attn.o_proj",
-    "mlp.c_fc": "mlp.fc_in",
-    "mlp.c_proj": "mlp.fc_out",
-}
-
-
 def gpt2_hf_to_infer(named: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Convert HF GPT2LMHeadModel tensors to the inference layout (Conv1D [in, out] -> [out, in]).
+    """Convert HF GPT2LMHeadModel tensors to the inference layout by a direct local copy.
 
-    HF's c_attn already fuses q, k, v along its output dim, so only a transpose is needed. The tied
-    ``lm_head.weight`` is emitted from ``transformer.wte.weight`` when absent.
+    The plain loop uses this; the full system goes through entrepot.resharding's adaptor, whose
+    output a test checks to be identical. HF's Conv1D weights are [in, out]; c_attn already fuses
+    [Q | K | V] along out, so a transpose is all it takes. The tied ``lm_head.weight`` is dropped.
     """
     out: dict[str, torch.Tensor] = {}
     for name, tensor in named.items():
-        key = name.removeprefix("transformer.")
-        if key in ("wte.weight", "wpe.weight"):
-            out["embed_tokens.weight" if key == "wte.weight" else "embed_positions.weight"] = tensor
-            if key == "wte.weight" and "lm_head.weight" not in named:
-                out["lm_head.weight"] = tensor
-        elif key.startswith("ln_f."):
-            out["norm." + key.split(".")[-1]] = tensor
-        elif key == "lm_head.weight":
-            out[key] = tensor
-        elif key.startswith("h."):
-            _, layer, rest = key.split(".", 2)
-            module, _, leaf = rest.rpartition(".")
-            if module.endswith("attn.bias") or rest in ("attn.bias", "attn.masked_bias"):
-                continue  # causal-mask buffers of old checkpoints
-            target = _HF_TO_INFER[module]
-            value = tensor.t() if leaf == "weight" and not module.startswith("ln_") else tensor
-            out[f"layers.{layer}.{target}.{leaf}"] = value
-        else:
-            raise KeyError(f"GPT-2 weight {name!r} has no inference-layout name")
+        mask_buffer = name.endswith(("attn.bias", "attn.masked_bias")) and tensor.dim() > 1
+        if name == "lm_head.weight" or mask_buffer:
+            continue  # tied head; causal-mask buffers of old checkpoints
+        if ".attn.c_attn." in name:
+            name = name.replace(".attn.c_attn.", ".attn.qkv_proj.")
+        is_conv1d = name.startswith("transformer.h.") and name.endswith(".weight") and ".ln_" not in name
+        out[name] = tensor.t() if is_conv1d else tensor
     return out
 
 
@@ -173,8 +151,12 @@ class GPT2RolloutEngine:
         """Move weights to host memory (a no-op on CPU)."""
         self.weights = {k: v.to("cpu") for k, v in self.weights.items()}
 
-    def onload(self) -> None:
-        """Move weights back to the engine's device."""
+    def resident_bytes(self) -> int:
+        """Bytes of the weights held now (the KV cache lives only inside `generate`)."""
+        return sum(t.numel() * t.element_size() for t in self.weights.values())
+
+    def onload(self, tags: Sequence[str] = ("weights", "kv_cache")) -> None:
+        """Move weights back to the engine's device (the KV cache is allocated per generate call)."""
         self.weights = {k: v.to(self.device) for k, v in self.weights.items()}
 
     # -- forward -------------------------------------------------------------------------------
@@ -201,15 +183,13 @@ class GPT2RolloutEngine:
         w = self.weights
         n, d = self.num_heads, self.hidden // self.num_heads
         b, q = ids.shape
-        x = w["embed_tokens.weight"][ids] + w["embed_positions.weight"][positions]  # [B, Q, H]
+        x = w["transformer.wte.weight"][ids] + w["transformer.wpe.weight"][positions]  # [B, Q, H]
         end = start + q
         causal = torch.ones(q, end, dtype=torch.bool, device=ids.device).tril(diagonal=start)  # [Q, S']
         mask = causal[None, None] & key_mask[:, None, None, :end]  # [B, 1, Q, S']
         for i, (k_cache, v_cache) in enumerate(cache):
-            p = f"layers.{i}."
-            qkv = self._linear(
-                self._layer_norm(x, p + "input_layernorm"), p + "self_attn.qkv_proj"
-            )  # [B, Q, 3H]
+            p = f"transformer.h.{i}."
+            qkv = self._linear(self._layer_norm(x, p + "ln_1"), p + "attn.qkv_proj")  # [B, Q, 3H]
             qh, kh, vh = qkv.view(b, q, 3, n, d).permute(2, 0, 3, 1, 4)  # each [B, N, Q, D]
             k_cache[:, :, start:end] = kh
             v_cache[:, :, start:end] = vh
@@ -217,11 +197,11 @@ class GPT2RolloutEngine:
                 qh, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask
             )
             attn = attn.transpose(1, 2).reshape(b, q, self.hidden)  # [B, Q, H]
-            x = x + self._linear(attn, p + "self_attn.o_proj")
-            h = self._linear(self._layer_norm(x, p + "post_attention_layernorm"), p + "mlp.fc_in")
-            x = x + self._linear(F.gelu(h, approximate="tanh"), p + "mlp.fc_out")
-        x = self._layer_norm(x[:, -1], "norm")  # [B, H]
-        return F.linear(x, w["lm_head.weight"])  # [B, V]
+            x = x + self._linear(attn, p + "attn.c_proj")
+            h = self._linear(self._layer_norm(x, p + "ln_2"), p + "mlp.c_fc")
+            x = x + self._linear(F.gelu(h, approximate="tanh"), p + "mlp.c_proj")
+        x = self._layer_norm(x[:, -1], "transformer.ln_f")  # [B, H]
+        return F.linear(x, w["transformer.wte.weight"])  # tied LM head  # [B, V]
 
     @staticmethod
     def _sample(

@@ -1,0 +1,107 @@
+"""The public entry points: `train` a config into a run directory, `evaluate` a checkpoint."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from entrepot.grpo.config import GRPOConfig, config_from_dict, dump_yaml
+from entrepot.grpo.errors import CheckpointError
+
+__all__ = ["TrainResult", "evaluate", "train"]
+
+
+@dataclass
+class TrainResult:
+    """What a run produced."""
+
+    run_dir: Path
+    steps: int
+    final_metrics: dict[str, Any]
+    history: list[dict[str, Any]] = field(default_factory=list)
+    checkpoint: Path | None = None
+    interrupted: bool = False
+    wall_time_s: float = 0.0
+
+
+def train(
+    config: GRPOConfig,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+) -> TrainResult:
+    """Train `config` with the full system (dock + workers), writing into `run_dir`.
+
+    Args:
+        config: the run configuration (`load_config(...)` or `GRPOConfig()`).
+        run_dir: receives config.yaml, metrics.jsonl, checkpoints/.
+        resume: continue from the newest checkpoint in `run_dir`.
+        on_step: called with each step's metrics dict (e.g. for a live display).
+
+    Returns:
+        TrainResult; on Ctrl-C a checkpoint is written and the result has ``interrupted=True``.
+    """
+    from entrepot.grpo import checkpoint as ckpt
+    from entrepot.grpo.trainer import Trainer
+
+    run = Path(run_dir)
+    run.mkdir(parents=True, exist_ok=True)
+    dump_yaml(config, run / "config.yaml")
+    start = time.perf_counter()
+    trainer = Trainer(config, run, resume=resume)
+    interrupted = False
+    history: list[dict[str, Any]] = []
+    try:
+        history = trainer.fit(on_step=on_step)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        trainer.close()
+    return TrainResult(
+        run_dir=run,
+        steps=trainer.step,
+        final_metrics=history[-1] if history else {},
+        history=history,
+        checkpoint=ckpt.latest_checkpoint(run),
+        interrupted=interrupted,
+        wall_time_s=time.perf_counter() - start,
+    )
+
+
+def evaluate(path: str | Path, num_prompts: int | None = None) -> dict[str, float]:
+    """Greedy accuracy and reward of a checkpoint (a run directory means its newest checkpoint).
+
+    Runs in this process: builds the actor from the checkpoint's own config and loads its weights.
+    """
+    from entrepot.grpo import checkpoint as ckpt
+    from entrepot.grpo.workers import ActorWorker
+
+    target = Path(path)
+    if (target / "checkpoints").is_dir():
+        found = ckpt.latest_checkpoint(target)
+        if found is None:
+            raise CheckpointError(f"run directory {str(target)!r} has no checkpoints")
+        target = found
+    if not (target / "state.json").is_file():
+        raise CheckpointError(f"{str(path)!r} is neither a run directory nor a checkpoint directory")
+    meta = json.loads((target / "state.json").read_text())
+    config = config_from_dict(
+        {**meta["config"], "resources": {**meta["config"]["resources"], "num_actor_workers": 1}}
+    )
+    state, _ = ckpt.read_checkpoint(target, 0)
+    worker = ActorWorker(config_to_plain(config))
+    worker.load_state(state)
+    result = worker.evaluate(num_prompts)
+    result["step"] = float(meta["step"])
+    return result
+
+
+def config_to_plain(config: GRPOConfig) -> dict[str, Any]:
+    from entrepot.grpo.config import config_to_dict
+
+    return config_to_dict(config)

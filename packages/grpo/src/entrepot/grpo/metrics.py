@@ -1,0 +1,73 @@
+"""Per-step metrics: merged across ranks, appended to metrics.jsonl, mirrored to TensorBoard."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from entrepot.grpo.config import LoggingConfig
+
+__all__ = ["MetricsWriter", "merge_rank_metrics", "read_metrics"]
+
+# Stage timings of parallel ranks overlap: the step waits for the slowest one.
+_MAX_KEYS = ("time/",)
+_SUM_KEYS = ("rollout_tokens", "train_tokens")
+
+
+def merge_rank_metrics(
+    stage_stats: Sequence[Mapping[str, float]], update_stats: Sequence[Mapping[str, float]]
+) -> dict[str, float]:
+    """Combine worker results: times take the max over ranks, token counts the sum, the rest the mean."""
+    merged: dict[str, list[float]] = {}
+    for stats in [*stage_stats, *update_stats]:
+        for key, value in stats.items():
+            merged.setdefault(key, []).append(float(value))
+    out: dict[str, float] = {}
+    for key, values in merged.items():
+        if key.startswith(_MAX_KEYS):
+            out[key] = max(values)
+        elif key in _SUM_KEYS:
+            out[key] = sum(values)
+        else:
+            out[key] = sum(values) / len(values)
+    return out
+
+
+def _tensorboard_writer(directory: Path) -> Any:
+    """A TensorBoard SummaryWriter, or None when tensorboard is not installed (it is optional)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(str(directory))
+
+
+class MetricsWriter:
+    """Appends one JSON object per step to `run_dir/metrics.jsonl` (and TensorBoard when installed)."""
+
+    def __init__(self, run_dir: Path, config: LoggingConfig) -> None:
+        self.path = run_dir / config.metrics_file
+        self._tb: Any = None
+        if config.tensorboard:
+            self._tb = _tensorboard_writer(run_dir / "tensorboard")
+
+    def write(self, metrics: Mapping[str, Any]) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(dict(metrics)) + "\n")
+        if self._tb is not None:
+            step = int(metrics["step"])
+            for key, value in metrics.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self._tb.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """All step records of a metrics.jsonl file."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
