@@ -108,6 +108,7 @@ class RayDockClient:
     ) -> None:
         """As ExperienceDock.put; the data is unpadded here and shipped as one buffer."""
         rows = torch.as_tensor(indexes).reshape(-1)
+        data = {key: data[key] for key in data.keys()}  # a TensorDict iterates over rows, not keys
         columns = normalize_put(data, lengths, rows.numel(), {})
         tensors: dict[str, torch.Tensor] = {}
         for name, column in columns.items():

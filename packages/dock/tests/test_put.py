@@ -1,0 +1,150 @@
+"""put: every accepted input form, dtype handling, and every validation error (state unchanged)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from entrepot.dock import (
+    ColumnLayoutError,
+    ColumnSpec,
+    DockError,
+    DuplicateIndexError,
+    ExperienceDock,
+    IndexOutOfRangeError,
+    InvalidArgumentError,
+    LengthMismatchError,
+    LossyDtypeError,
+    RowCountMismatchError,
+    UnknownColumnError,
+)
+
+
+def test_list_of_tensors_round_trip(dock, make_rows):
+    seqs = make_rows([3, 1, 4])
+    dock.put({"tokens": seqs, "score": torch.tensor([0.5, 1.5, 2.5])}, [2, 0, 7])
+    batch = dock.peek(["tokens", "score"], [7, 2, 0], layout="packed")
+    assert batch.lengths["tokens"].tolist() == [4, 3, 1]
+    assert torch.equal(batch.data["tokens"], torch.cat([seqs[2], seqs[0], seqs[1]]))
+    assert batch.data["score"].tolist() == [2.5, 0.5, 1.5]
+
+
+def test_padded_with_lengths_stores_only_valid_tokens(dock):
+    padded = torch.tensor([[1, 2, 0, 0], [3, 4, 5, 6]])
+    dock.put({"tokens": padded}, [0, 1], lengths={"tokens": torch.tensor([2, 4])})
+    batch = dock.peek(["tokens"], [0, 1])
+    assert torch.equal(batch.data["tokens"], padded)
+    assert dock.metrics()["dock/bytes_stored"] == 6 * 8  # padding not kept
+
+
+def test_padded_tuple_and_packed_forms_agree(dock):
+    flat, lengths = torch.tensor([1, 2, 3, 4, 5]), torch.tensor([2, 3])
+    dock.put({"tokens": (flat, lengths)}, [0, 1])
+    padded = torch.tensor([[1, 2, 9], [3, 4, 5]])
+    dock.put({"tokens": (padded, lengths)}, [2, 3])
+    a = dock.peek(["tokens"], [0, 1], layout="packed").data["tokens"]
+    b = dock.peek(["tokens"], [2, 3], layout="packed").data["tokens"]
+    assert torch.equal(a, b) and torch.equal(a, flat)
+
+
+def test_tensordict_and_fixed_width_rows(dock):
+    data = TensorDict({"logp": torch.ones(2, 3), "score": torch.tensor([1.0, 2.0])}, batch_size=[2])
+    dock.put(data, torch.tensor([5, 6]))
+    batch = dock.peek(["logp", "score"], [5, 6])
+    assert batch.lengths["logp"].tolist() == [3, 3]
+    assert torch.equal(batch.data["score"], torch.tensor([1.0, 2.0]))
+
+
+def test_learned_dtype_and_kind_are_kept():
+    dock = ExperienceDock(4, columns=["ids", "lp"], consumers=["c"])
+    dock.put(
+        {"ids": [torch.tensor([1, 2], dtype=torch.int32)], "lp": [torch.ones(2, dtype=torch.bfloat16)]}, [0]
+    )
+    batch = dock.peek(["ids", "lp"], [0])
+    assert batch.data["ids"].dtype == torch.int32 and batch.data["lp"].dtype == torch.bfloat16
+    dock.put({"ids": [torch.tensor([7], dtype=torch.int16)]}, [1])  # lossless widening is fine
+    assert dock.peek(["ids"], [1]).data["ids"].dtype == torch.int32
+    with pytest.raises(LossyDtypeError, match="'ids'"):
+        dock.put({"ids": [torch.tensor([7], dtype=torch.int64)]}, [1])
+    with pytest.raises(LossyDtypeError, match="'lp'"):
+        dock.put({"lp": [torch.ones(1)]}, [1])
+
+
+def test_rewrite_replaces_row_and_reclaims_space(dock, make_rows):
+    for round_ in range(50):
+        dock.put({"tokens": make_rows([100] * 4, start=round_)}, [0, 1, 2, 3])
+    batch = dock.peek(["tokens"], [0, 3], layout="packed")
+    expected = torch.cat(make_rows([100] * 4, start=49)[0::3])
+    assert torch.equal(batch.data["tokens"], expected)
+    metrics = dock.metrics()
+    assert metrics["dock/bytes_stored"] == 400 * 8
+    assert metrics["dock/bytes_allocated"] < 50 * 400 * 8  # compaction kept garbage bounded
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "needle"),
+    [
+        (lambda d: d.put({"nope": torch.ones(1)}, [0]), UnknownColumnError, "'nope'"),
+        (lambda d: d.put({"score": torch.ones(1)}, [16]), IndexOutOfRangeError, "16"),
+        (lambda d: d.put({"score": torch.ones(1)}, [-1]), IndexOutOfRangeError, "-1"),
+        (lambda d: d.put({"score": torch.ones(2)}, [3, 3]), DuplicateIndexError, "3"),
+        (lambda d: d.put({"score": torch.ones(3)}, [0, 1]), RowCountMismatchError, "'score'"),
+        (
+            lambda d: d.put({"tokens": torch.ones(2, 3, dtype=torch.int64)}, [0]),
+            RowCountMismatchError,
+            "'tokens'",
+        ),
+        (
+            lambda d: d.put(
+                {"tokens": torch.ones(2, 3, dtype=torch.int64)}, [0, 1], lengths={"tokens": [1, 4]}
+            ),
+            LengthMismatchError,
+            "row 1",
+        ),
+        (
+            lambda d: d.put({"tokens": torch.ones(5, dtype=torch.int64)}, [0, 1], lengths={"tokens": [1, 2]}),
+            LengthMismatchError,
+            "sum to 3",
+        ),
+        (
+            lambda d: d.put(
+                {"tokens": torch.ones(2, 3, dtype=torch.int64)}, [0, 1], lengths={"tokens": [-1, 2]}
+            ),
+            LengthMismatchError,
+            ">= 0",
+        ),
+        (
+            lambda d: d.put({"tokens": torch.ones(1, 2, 2, dtype=torch.int64)}, [0]),
+            ColumnLayoutError,
+            "shape",
+        ),
+        (lambda d: d.put({"score": [torch.ones(2)]}, [0]), ColumnLayoutError, "scalar"),
+        (lambda d: d.put({"tokens": torch.ones(1, dtype=torch.int64)}, [0]), ColumnLayoutError, "sequences"),
+        (lambda d: d.put({"tokens": [torch.ones(2)]}, [0]), LossyDtypeError, "float32"),
+        (lambda d: d.put({"score": torch.ones(1, dtype=torch.float64)}, [0]), LossyDtypeError, "float64"),
+        (lambda d: d.put({"score": "x"}, [0]), ColumnLayoutError, "str"),
+        (lambda d: d.put({}, [0]), InvalidArgumentError, "at least one"),
+        (lambda d: d.put({"score": torch.ones(1)}, [0], completed=[False]), DockError, "rollout_consumer"),
+    ],
+)
+def test_put_errors_change_nothing(dock, make_rows, snapshot, same_state, call, error, needle):
+    dock.put({"tokens": make_rows([2, 3]), "score": torch.tensor([1.0, 2.0])}, [0, 1])
+    before = snapshot(dock)
+    with pytest.raises(error, match=needle):
+        call(dock)
+    same_state(before, snapshot(dock))
+
+
+def test_error_in_second_column_leaves_first_unwritten(dock, make_rows, snapshot, same_state):
+    before = snapshot(dock)
+    with pytest.raises(LossyDtypeError):
+        dock.put({"tokens": make_rows([2]), "score": torch.ones(1, dtype=torch.float64)}, [4])
+    same_state(before, snapshot(dock))
+    assert dock.metrics()["dock/rows_ready/tokens"] == 0
+
+
+def test_declared_spec_fixed_up_front():
+    dock = ExperienceDock(2, columns={"x": ColumnSpec(torch.float32, scalar=True)}, consumers=["c"])
+    dock.put({"x": torch.tensor([1, 2], dtype=torch.int16)}, [0, 1])  # int16 fits float32 exactly
+    assert dock.peek(["x"], [0, 1]).data["x"].dtype == torch.float32
