@@ -37,22 +37,28 @@ class PlanResult:
     request: PlanRequest
     ranks: list[RankPlanView]
     imbalance: float
+    method: str
 
 
 def compute_plan(lengths: Sequence[int], request: PlanRequest) -> PlanResult:
     """Balance `lengths` across ranks, then plan each rank's micro-batches (indices are global)."""
-    from entrepot.batching import balance_across_ranks, plan_micro_batches
+    from entrepot.batching import SequenceTooLongError, balance_across_ranks, plan_micro_batches
 
     lengths = list(lengths)
     rank_plan = balance_across_ranks(lengths, request.num_ranks, group_size=request.group_size)
     ranks = []
     for indices in rank_plan.ranks:
-        local = plan_micro_batches(
-            [lengths[i] for i in indices], request.budget, max_micro_batch_size=request.max_micro_batch_size
-        )
+        try:
+            local = plan_micro_batches(
+                [lengths[i] for i in indices],
+                request.budget,
+                max_micro_batch_size=request.max_micro_batch_size,
+            )
+        except SequenceTooLongError as exc:  # name the sequence by its position in the user's list
+            raise SequenceTooLongError(indices[exc.index], exc.length, exc.budget) from None
         micro = [[indices[j] for j in batch] for batch in local.micro_batches]
         ranks.append(RankPlanView(list(indices), micro, local.lower_bound))
-    return PlanResult(lengths, request, ranks, float(rank_plan.imbalance))
+    return PlanResult(lengths, request, ranks, float(rank_plan.imbalance), rank_plan.method)
 
 
 def render_plan(result: PlanResult, show_indices: bool) -> None:
@@ -72,7 +78,7 @@ def render_plan(result: PlanResult, show_indices: bool) -> None:
             row = [str(rank), str(number), str(len(batch)), str(tokens), f"{tokens / budget:.0%}"]
             micro.add_row(*row, *([" ".join(map(str, batch))] if show_indices else []))
 
-    ranks = Table(title=f"DP ranks (imbalance {result.imbalance:.4f})")
+    ranks = Table(title=f"DP ranks ({result.method}, imbalance max/mean - 1 = {result.imbalance:.4f})")
     for column in ("rank", "sequences", "tokens", "micro-batches", "lower bound"):
         ranks.add_column(column, justify="right")
     for rank, view in enumerate(result.ranks):
