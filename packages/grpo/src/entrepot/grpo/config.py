@@ -464,7 +464,9 @@ class GRPOConfig:
         )
         if self.data.task in ("reverse", "addition") and self.model.path is None:
             answer = self.data.num_digits + (1 if self.data.task == "addition" else 0)
-            prompt = self.data.num_digits * (2 if self.data.task == "addition" else 1) + 3
+            prompt = self.data.num_digits * (2 if self.data.task == "addition" else 1) + (
+                2 if self.data.task == "addition" else 1
+            )
             need = prompt + (self.rollout.max_new_tokens or answer)
             _check(
                 need <= self.model.max_positions,
@@ -570,6 +572,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise wrong
         return value
     if tp is float:
+        if isinstance(value, str):  # PyYAML reads "3e-3" (no dot) as a string: YAML 1.1's float syntax
+            try:
+                return float(value)
+            except ValueError:
+                raise wrong from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise wrong
         return float(value)

@@ -1,0 +1,66 @@
+"""Config loading, overrides and validation errors that name key, value and what is allowed."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from entrepot.grpo import GRPOConfig, GRPOConfigError, dump_yaml, load_config
+from entrepot.grpo.config import config_to_dict
+
+
+def test_default_is_the_embedded_run() -> None:
+    config = load_config()
+    assert config == GRPOConfig()
+    assert config.rollout.prompts_per_step * config.rollout.n_samples_per_prompt == 256
+    assert config.algorithm.kl_coef == 0.04 and config.algorithm.lr == 1e-3
+
+
+def test_every_field_has_help() -> None:
+    def walk(cls: type) -> None:
+        for f in dataclasses.fields(cls):
+            assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help text"
+            if isinstance(f.type, type) and dataclasses.is_dataclass(f.type):
+                walk(f.type)
+
+    walk(GRPOConfig)
+
+
+def test_yaml_round_trip_and_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    dump_yaml(load_config(None, ["algorithm.kl_coef=0.01", "rollout.n_samples_per_prompt=4"]), path)
+    config = load_config(path, ["algorithm.adam_betas=[0.8, 0.9]", "model.path=null"])
+    assert config.algorithm.kl_coef == 0.01 and config.rollout.n_samples_per_prompt == 4
+    assert config.algorithm.adam_betas == (0.8, 0.9)
+    assert config_to_dict(config)["algorithm"]["adam_betas"] == [0.8, 0.9]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("algorithm.kl_coefficient=1", "unknown key 'algorithm.kl_coefficient'"),
+        ("rollout.prompts_per_step=abc", r"rollout.prompts_per_step \('abc'\) must be int"),
+        ("algorithm.lr=true", r"algorithm.lr \(True\) must be float"),
+        ("algorithm.kl_kind=k9", r"algorithm.kl_kind \('k9'\) must be one of 'k1'"),
+        ("rollout.temperature=0", r"rollout.temperature \(0.0\) must be > 0"),
+        ("algorithm.mini_batch_size=12", r"algorithm.mini_batch_size \(12\) must be a multiple of"),
+        ("nosection.key=1", "unknown section 'nosection'"),
+        ("resources.num_actor_workers=3", r"rollout.prompts_per_step \(32\) must be divisible"),
+        ("model.max_positions=12", r"model.max_positions \(12\) must be >= 17"),
+        ("noequals", "must look like section.key=value"),
+    ],
+)
+def test_errors_name_key_value_and_allowed(override: str, message: str) -> None:
+    with pytest.raises(GRPOConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(GRPOConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rollout:\n  n_samples: 4\n")
+    with pytest.raises(GRPOConfigError, match="unknown key 'rollout.n_samples'"):
+        load_config(bad)

@@ -1,0 +1,98 @@
+"""Synthetic tasks, the character tokenizer, jsonl/parquet prompt files and local model directories."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from entrepot.grpo import load_config
+from entrepot.grpo.data import build_task, encode_prompt, read_records
+from entrepot.grpo.errors import DataError
+from entrepot.grpo.tasks import CharTokenizer, SyntheticTask
+
+
+def test_reverse_and_addition_tasks() -> None:
+    reverse = SyntheticTask("reverse", 8, seed=0)
+    sample = reverse.batch(0, 1)[0]
+    assert sample.prompt.endswith("=") and sample.answer == sample.prompt[:-1][::-1]
+    addition = SyntheticTask("addition", 3, seed=0).batch(5, 1)[0]
+    a, b = addition.prompt[:-1].split("+")
+    assert addition.answer == str(int(a) + int(b)).zfill(4)
+
+
+def test_stream_is_deterministic_and_disjoint_from_held_out() -> None:
+    task = SyntheticTask("reverse", 3, seed=1)  # a small space, so collisions would happen
+    assert task.batch(10, 5) == SyntheticTask("reverse", 3, seed=1).batch(10, 5)
+    held = {s.prompt for s in task.held_out(256)}
+    assert not held & {s.prompt for s in task.batch(0, 2000)}
+
+
+def test_char_tokenizer_round_trip_and_errors() -> None:
+    tok = CharTokenizer()
+    ids = tok.encode("12+3=")
+    assert tok.decode([*ids, tok.eos_token_id]) == "12+3="
+    with pytest.raises(ValueError, match="is not in the tokenizer alphabet"):
+        tok.encode("x")
+
+
+def test_jsonl_records_and_missing_field(tmp_path: Path) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(json.dumps({"q": f"question {i}", "a": str(i)}) for i in range(10)))
+    samples = read_records(path, "q", "a")
+    assert samples[3].prompt == "question 3" and samples[3].answer == "3"
+    with pytest.raises(DataError, match="has no field 'prompt'"):
+        read_records(path, "prompt", "a")
+
+
+def test_parquet_records(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"prompt": ["a", "b"], "answer": ["1", "2"]}), path)
+    assert [s.answer for s in read_records(path, "prompt", "answer")] == ["1", "2"]
+
+
+def _tiny_model_dir(path: Path) -> Path:
+    """A tiny GPT-2 plus a word-level tokenizer with a chat template, written locally (no downloads)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    vocab = {
+        "<pad>": 0,
+        "<eos>": 1,
+        "<unk>": 2,
+        **{w: i + 3 for i, w in enumerate("user : what is 1 2 3 ?".split())},
+    }
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
+    tok.chat_template = "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
+    tok.save_pretrained(path)
+    GPT2LMHeadModel(
+        GPT2Config(vocab_size=len(vocab), n_positions=32, n_embd=16, n_layer=1, n_head=2)
+    ).save_pretrained(path)
+    return path
+
+
+def test_local_model_dir_with_chat_template(tmp_path: Path) -> None:
+    from entrepot.grpo.model import load_pretrained
+
+    model_dir = _tiny_model_dir(tmp_path / "model")
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(json.dumps({"prompt": "what is 1 ?", "answer": "1"}) for _ in range(4)))
+    model, tokenizer = load_pretrained(model_dir)
+    assert type(model).__name__ == "GPT2LMHeadModel"
+    config = load_config(None, [f"model.path={model_dir}", "data.task=jsonl", f"data.train_path={data}"])
+    setup = build_task(config, tokenizer)
+    assert setup.use_chat_template
+    ids = encode_prompt(setup, "what is 1 ?", 64)
+    assert tokenizer.decode(ids).split()[:2] == ["user", ":"]
+    with pytest.raises(DataError, match="exceeds data.max_prompt_tokens"):
+        encode_prompt(setup, "what is 1 ?", 2)
+    with pytest.raises(DataError, match="must be a local HF model directory"):
+        load_pretrained(tmp_path)
