@@ -83,3 +83,44 @@ def test_balance_errors() -> None:
         balance_across_ranks([1, -1], 2)
     with pytest.raises(InvalidArgumentError, match="num_parts"):
         karmarkar_karp([1], 0)
+
+
+def _classic_kk_max(weights: list[int], k: int, equal_size: bool) -> int:
+    """Reference: the classic set-per-partition k-way KK (dense k-vectors), largest part only."""
+    import heapq
+
+    class State:
+        def __init__(self, items: list[tuple[int, int]]) -> None:
+            self.sums = sorted([w for _, w in items] + [0] * (k - len(items)), reverse=True)
+            self.sizes = [1] * len(items) + [0] * (k - len(items))
+
+        def __lt__(self, other: State) -> bool:
+            spread, other_spread = self.sums[0] - self.sums[-1], other.sums[0] - other.sums[-1]
+            return spread > other_spread if spread != other_spread else self.sums[0] > other.sums[0]
+
+    ordered = sorted((w, i) for i, w in enumerate(weights))
+    if equal_size:
+        states = [State([(i, w) for w, i in ordered[s : s + k]]) for s in range(0, len(ordered), k)]
+    else:
+        states = [State([(i, w)]) for w, i in ordered]
+    heapq.heapify(states)
+    while len(states) > 1:
+        a, b = heapq.heappop(states), heapq.heappop(states)
+        a.sums = sorted((x + y for x, y in zip(a.sums, reversed(b.sums), strict=True)), reverse=True)
+        heapq.heappush(states, a)
+    return states[0].sums[0] if states else 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    weights=st.lists(st.integers(0, 50), max_size=60),  # small values: many ties
+    num_parts=st.integers(1, 10),
+    equal_count=st.booleans(),
+)
+def test_karmarkar_karp_matches_classic_set_based_version(
+    weights: list[int], num_parts: int, equal_count: bool
+) -> None:
+    if equal_count:
+        weights = weights[: len(weights) - len(weights) % num_parts]
+    ours = max(_sums(karmarkar_karp(weights, num_parts, equal_count), weights), default=0)
+    assert ours == _classic_kk_max(weights, num_parts, equal_count)

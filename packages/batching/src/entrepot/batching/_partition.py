@@ -10,7 +10,7 @@ The classic implementation stores k sets per state, so every combination costs O
 run O(N k log k). Here a state stores only its non-empty parts, sorted, and the smaller state is
 merged into the larger one: pairing the larger state's m_b smallest parts (its empty parts first)
 with the smaller state's m_b parts in reverse order is exactly the classic pairing, and costs
-O(m_b log k). Part membership is a merge tree (node -> two children), flattened once at the end.
+O(m_b log k). Item lists of paired parts are joined small-to-large (O(N log N) C-level moves).
 """
 
 from __future__ import annotations
@@ -33,48 +33,32 @@ def part_sums(parts: Sequence[Sequence[int]], weights: Sequence[int]) -> list[in
     return [sum(weights[i] for i in part) for part in parts]
 
 
-class _Forest:
-    """Merge tree of parts: leaves are item indices, internal nodes join two parts."""
-
-    def __init__(self, num_leaves: int) -> None:
-        self.num_leaves = num_leaves
-        self.children: list[tuple[int, int]] = []
-
-    def join(self, a: int, b: int) -> int:
-        self.children.append((a, b))
-        return self.num_leaves + len(self.children) - 1
-
-    def leaves(self, node: int, keep_below: int) -> list[int]:
-        """Item indices under ``node`` that are < ``keep_below`` (drops padding items), ascending."""
-        out: list[int] = []
-        stack = [node]
-        while stack:
-            current = stack.pop()
-            if current < self.num_leaves:
-                if current < keep_below:
-                    out.append(current)
-            else:
-                stack.extend(self.children[current - self.num_leaves])
-        out.sort()
-        return out
+Part = tuple[int, int, list[int]]  # (token total, unique id for ties, item indices)
 
 
-def _spread(parts: list[tuple[int, int]], num_parts: int) -> int:
-    low = parts[0][0] if len(parts) == num_parts else 0
-    return parts[-1][0] - low
+def _join(first: list[int], second: list[int]) -> list[int]:
+    """Union of two parts' item lists: the shorter is appended to the longer (small-to-large)."""
+    if len(first) < len(second):
+        first, second = second, first
+    first.extend(second)
+    return first
 
 
-def _combine(
-    big: list[tuple[int, int]], small: list[tuple[int, int]], num_parts: int, forest: _Forest
-) -> None:
-    """Merge ``small`` into ``big`` in place with the Karmarkar-Karp pairing (big has >= parts)."""
+def _combine(big: list[Part], small: list[Part], num_parts: int, next_id: int) -> int:
+    """Merge ``small`` into ``big`` in place with the Karmarkar-Karp pairing; returns the next free id.
+
+    ``big`` has at least as many parts as ``small``; both are sorted ascending.
+    """
     num_small = len(small)
     zeros = min(num_small, num_parts - len(big))
     reused = num_small - zeros  # big's smallest real parts that receive one of small's parts
     largest_first = small[::-1]
     added = largest_first[:zeros]  # paired with big's empty parts: kept as they are
-    for (weight_a, node_a), (weight_b, node_b) in zip(big[:reused], largest_first[zeros:], strict=True):
-        added.append((weight_a + weight_b, forest.join(node_a, node_b)))
+    for (weight_a, _, items_a), (weight_b, _, items_b) in zip(
+        big[:reused], largest_first[zeros:], strict=True
+    ):
+        added.append((weight_a + weight_b, next_id, _join(items_a, items_b)))
+        next_id += 1
     del big[:reused]
     if len(added) <= _INSERT_LIMIT:
         for entry in added:
@@ -82,6 +66,7 @@ def _combine(
     else:
         big.extend(added)
         big.sort()
+    return next_id
 
 
 def karmarkar_karp(weights: LengthsLike, num_parts: int, equal_count: bool = False) -> list[list[int]]:
@@ -114,25 +99,53 @@ def _karmarkar_karp(weights: Sequence[int], num_parts: int, equal_count: bool) -
     values = list(weights)
     if equal_count:
         values += [0] * (-num_items % num_parts)
-    forest = _Forest(len(values))
-    heap: list[tuple[int, int, list[tuple[int, int]]]] = []
+    # Two queues of states, popped by largest spread: single items (a singleton's spread is its
+    # weight, so descending order is their pop order) and merged states in a heap.
+    singles = sorted(range(len(values)), key=values.__getitem__, reverse=True)
+    # (-spread, -largest part, parts ascending); like the classic version, ties in spread go to
+    # the state with the larger largest part, and a merged state before a single item.
+    heap: list[tuple[int, int, list[Part]]] = []
     if equal_count:
-        order = sorted(range(len(values)), key=values.__getitem__, reverse=True)
-        for start in range(0, len(order), num_parts):
-            parts = sorted((values[i], i) for i in order[start : start + num_parts])
-            heap.append((-_spread(parts, num_parts), start, parts))
-    else:
-        heap = [(-weight, index, [(weight, index)]) for index, weight in enumerate(values)]
-    heapq.heapify(heap)
-    while len(heap) > 1:
-        _, tie_a, parts_a = heapq.heappop(heap)
-        _, tie_b, parts_b = heapq.heappop(heap)
-        if len(parts_a) < len(parts_b):
-            parts_a, parts_b = parts_b, parts_a
-        _combine(parts_a, parts_b, num_parts, forest)
-        heapq.heappush(heap, (-_spread(parts_a, num_parts), min(tie_a, tie_b), parts_a))
-    final = heap[0][2]
-    result = [forest.leaves(node, num_items) for _, node in final]
+        for start in range(0, len(singles), num_parts):
+            parts = sorted((values[i], i, [i]) for i in singles[start : start + num_parts])
+            heap.append((parts[0][0] - parts[-1][0], -parts[-1][0], parts))
+        singles = []
+        heapq.heapify(heap)
+    next_single, num_singles = 0, len(singles)
+    next_id = len(values)  # ids below are the items' own; also the heap's tie-breaker
+
+    def take() -> list[Part]:
+        nonlocal next_single
+        if next_single < num_singles and (not heap or values[singles[next_single]] > -heap[0][0]):
+            index = singles[next_single]
+            next_single += 1
+            return [(values[index], index, [index])]
+        return heapq.heappop(heap)[2]
+
+    for _ in range(num_singles + len(heap) - 1):
+        # Hot loop: the first pop is inlined (it is a single item most of the time).
+        if next_single < num_singles and (not heap or values[singles[next_single]] > -heap[0][0]):
+            index = singles[next_single]
+            next_single += 1
+            big = [(values[index], index, [index])]
+        else:
+            big = heapq.heappop(heap)[2]
+        small = take()
+        if len(big) < len(small):
+            big, small = small, big
+        if len(small) > 1:
+            next_id = _combine(big, small, num_parts, next_id)
+        elif len(big) < num_parts:  # the item takes an empty part
+            insort(big, small[0])
+        else:  # the item joins the lightest part
+            weight, _, items = big.pop(0)
+            items.append(small[0][2][0])
+            insort(big, (weight + small[0][0], next_id, items))
+            next_id += 1
+        low = big[0][0] if len(big) == num_parts else 0
+        heapq.heappush(heap, (low - big[-1][0], -big[-1][0], big))
+        next_id += 1
+    result = [sorted(i for i in items if i < num_items) for _, _, items in take()]
     result += [[] for _ in range(num_parts - len(result))]
     return result
 
