@@ -33,7 +33,7 @@ def test_weighted_score() -> None:
 def test_registry_refuses_duplicates_and_lists_names_on_miss() -> None:
     with pytest.raises(RewardError, match="already registered"):
         rewards.register_verifier("exact_match", lambda r, a: 0.0)
-    with pytest.raises(UnknownRewardError, match="known: .*exact_match"):
+    with pytest.raises(UnknownRewardError, match=r"known: .*exact_match"):
         rewards.get_verifier("nope")
 
 

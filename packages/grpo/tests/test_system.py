@@ -18,8 +18,8 @@ SMALL = ["eval.num_prompts=64", "logging.tensorboard=false", "checkpoint.keep_la
 @pytest.fixture(scope="module")
 def ray_session():  # type: ignore[no-untyped-def]
     ray = pytest.importorskip("ray")
-    from entrepot.grpo.threads import worker_env
     from entrepot.grpo.config import ThreadsConfig
+    from entrepot.grpo.threads import worker_env
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": worker_env(ThreadsConfig())})  # fmt: skip

@@ -64,7 +64,7 @@ def _tiny_model_dir(path: Path) -> Path:
         "<pad>": 0,
         "<eos>": 1,
         "<unk>": 2,
-        **{w: i + 3 for i, w in enumerate("user : what is 1 2 3 ?".split())},
+        **{w: i + 3 for i, w in enumerate(["user", ":", "what", "is", "1", "2", "3", "?"])},
     }
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -92,7 +92,7 @@ def test_local_model_dir_with_chat_template(tmp_path: Path) -> None:
     assert setup.use_chat_template
     ids = encode_prompt(setup, "what is 1 ?", 64)
     assert tokenizer.decode(ids).split()[:2] == ["user", ":"]
-    with pytest.raises(DataError, match="exceeds data.max_prompt_tokens"):
+    with pytest.raises(DataError, match=r"exceeds data\.max_prompt_tokens"):
         encode_prompt(setup, "what is 1 ?", 2)
     with pytest.raises(DataError, match="must be a local HF model directory"):
         load_pretrained(tmp_path)

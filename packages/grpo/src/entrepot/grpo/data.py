@@ -29,7 +29,7 @@ def read_records(path: str | Path, prompt_field: str, answer_field: str) -> list
     records: list[dict[str, Any]]
     if file.suffix == ".parquet":
         try:
-            import pyarrow.parquet as pq  # type: ignore[import-not-found, unused-ignore]
+            import pyarrow.parquet as pq  # type: ignore[import-not-found, import-untyped, unused-ignore]
         except ImportError:
             raise DataError("reading parquet needs pyarrow: pip install 'entrepot-grpo[parquet]'") from None
         records = pq.read_table(file).to_pylist()
