@@ -457,6 +457,19 @@ class GRPOConfig:
             f"divisible by resources.num_actor_workers ({workers}) so each DP rank gets whole groups",
         )
         _check(
+            self.resources.blocking or self.resources.use_ray,
+            "resources.blocking",
+            False,
+            "true when resources.use_ray is false (overlapping stages need Ray workers)",
+        )
+        rewarders = self.resources.num_reward_workers
+        _check(
+            self.rollout.prompts_per_step % rewarders == 0,
+            "rollout.prompts_per_step",
+            self.rollout.prompts_per_step,
+            f"divisible by resources.num_reward_workers ({rewarders})",
+        )
+        _check(
             workers == 1 or self.resources.use_ray,
             "resources.num_actor_workers",
             workers,

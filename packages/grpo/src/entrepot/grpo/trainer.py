@@ -26,7 +26,7 @@ from entrepot.grpo.data import build_task, encode_prompt
 from entrepot.grpo.metrics import MetricsWriter, merge_rank_metrics
 from entrepot.grpo.stages import shaped_advantages
 from entrepot.grpo.threads import configure_threads, worker_env
-from entrepot.grpo.workers import ActorWorker, DockHandle, RewardWorker, column_rows, text_tensor
+from entrepot.grpo.workers import ActorWorker, RewardWorker, column_rows, text_tensor
 
 __all__ = ["Trainer"]
 
@@ -73,8 +73,10 @@ class Trainer:
                     logging_level="ERROR",
                     log_to_driver=False,
                 )
+            from entrepot.dock.ray import RayDockClient
+
             opts = {"num_cpus": config.resources.num_cpus_per_worker}
-            self._dock_actor = ray.remote(GRPODock).options(num_cpus=0).remote(**dock_args)
+            self.dock: Any = RayDockClient.launch(GRPODock, num_cpus=0, **dock_args)
             self.actors = [
                 ray.remote(ActorWorker).options(**opts).remote(cfg_dict, rank, world, dist_init)
                 for rank in range(world)
@@ -83,12 +85,10 @@ class Trainer:
                 ray.remote(RewardWorker).options(**opts).remote(cfg_dict)
                 for _ in range(config.resources.num_reward_workers)
             ]
-            self.dock = DockHandle(self._dock_actor)
         else:
-            self._dock_actor = GRPODock(**dock_args)
+            self.dock = GRPODock(**dock_args)
             self.actors = [ActorWorker(cfg_dict)]
             self.rewarders = [RewardWorker(cfg_dict)]
-            self.dock = DockHandle(self._dock_actor)
         self.setup = build_task(config, self._tokenizer())
         self.step = 0
         self.metrics = MetricsWriter(self.run_dir, config.logging)
@@ -104,16 +104,23 @@ class Trainer:
 
     # -- calling workers --------------------------------------------------------------------------
 
-    def _all(self, workers: Sequence[Any], method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Call `method` on every worker (concurrently on Ray) and return their results."""
+    def _submit(self, workers: Sequence[Any], method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Start `method` on every worker: Ray futures, or (in-process) the results themselves."""
         if not self.config.resources.use_ray:
             return [getattr(w, method)(*args, **kwargs) for w in workers]
+        return [getattr(w, method).remote(*args, **kwargs) for w in workers]
+
+    def _resolve(self, handles: Sequence[Any]) -> list[Any]:
+        """Results of `_submit` (waits for Ray futures)."""
+        if not self.config.resources.use_ray:
+            return list(handles)
         import ray
 
-        return list(ray.get([getattr(w, method).remote(*args, **kwargs) for w in workers]))
+        return [ray.get(h) if isinstance(h, ray.ObjectRef) else h for h in handles]
 
-    def _dock_call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return self.dock._call(method, *args, **kwargs)
+    def _all(self, workers: Sequence[Any], method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Call `method` on every worker (concurrently on Ray) and wait for the results."""
+        return self._resolve(self._submit(workers, method, *args, **kwargs))
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -153,23 +160,26 @@ class Trainer:
         prompts = [
             torch.tensor(encode_prompt(self.setup, s.prompt, cfg.data.max_prompt_tokens)) for s in samples
         ]
-        self._dock_call("put_prompts", prompts, n, extra={"answer": [text_tensor(s.answer) for s in samples]})
+        self.dock.put_prompts(prompts, n, extra={"answer": [text_tensor(s.answer) for s in samples]})
+
+        # With resources.blocking=false the stages are only started here; each one waits in the
+        # dock for its input columns, so the reward workers score while the actor computes the
+        # reference log-probs. Actor calls run in submission order on each actor.
+        run = self._all if cfg.resources.blocking else self._submit
 
         # 2. rollout: each actor rank reshards train -> infer and generates its share
-        rollout_stats = self._all(self.actors, "rollout", self.dock, per_actor)
+        rollout_stats = run(self.actors, "rollout", self.dock, per_actor)
 
         # 3. rule reward
-        reward_stats = self._all(self.rewarders, "score", self.dock, per_rewarder)
+        reward_stats = run(self.rewarders, "score", self.dock, per_rewarder)
 
         # 4. reference log-probs (the reference shares the actor's device: full co-location)
-        ref_stats = (
-            self._all(self.actors, "reference_logprobs", self.dock, per_actor) if algo.kl_coef > 0 else []
-        )
+        ref_stats = run(self.actors, "reference_logprobs", self.dock, per_actor) if algo.kl_coef > 0 else []
 
         # 5. old log-probs, only when the update takes more than one optimiser step (or KL goes in the reward)
         single_step = algo.epochs == 1 and (algo.mini_batch_size in (None, batch_size))
         need_old = not single_step or (algo.kl_in_reward and algo.kl_coef > 0)
-        old_stats = self._all(self.actors, "old_logprobs", self.dock, per_actor) if need_old else []
+        old_stats = run(self.actors, "old_logprobs", self.dock, per_actor) if need_old else []
 
         # 6. group advantages (driver-side consumer)
         t_adv = time.perf_counter()
@@ -177,13 +187,13 @@ class Trainer:
         t_adv = time.perf_counter() - t_adv
 
         # 7. actor update: DP ranks take their shares, gradients are averaged
-        update_stats = self._all(self.actors, "update", self.dock, per_actor, with_old=need_old)
+        update_stats = run(self.actors, "update", self.dock, per_actor, with_old=need_old)
+        stage_stats = self._resolve([*rollout_stats, *reward_stats, *ref_stats, *old_stats])
+        update_stats = self._resolve(update_stats)
 
         # 8. metrics, evaluation, clear
-        stats = self._dock_call(
-            "get", "grpo_metrics", ["rm_scores", "accuracy", "response_length"], batch_size
-        )
-        self._dock_call("clear")
+        stats = self.dock.get("grpo_metrics", ["rm_scores", "accuracy", "response_length"], batch_size)
+        self.dock.clear()
         self.step += 1
         step_time = time.perf_counter() - t_start
         metrics: dict[str, Any] = {
@@ -196,8 +206,8 @@ class Trainer:
             "time/advantages": t_adv,
             "time/step": step_time,
         }
-        metrics.update(merge_rank_metrics(rollout_stats + reward_stats + ref_stats + old_stats, update_stats))
-        generated = sum(s["rollout_tokens"] for s in rollout_stats)
+        metrics.update(merge_rank_metrics(stage_stats, update_stats))
+        generated = metrics["rollout_tokens"]
         metrics["tokens_per_s"] = generated / step_time
         if (cfg.eval.every and self.step % cfg.eval.every == 0) or self.step == cfg.max_steps:
             t_eval = time.perf_counter()
@@ -212,7 +222,7 @@ class Trainer:
         columns = ["rm_scores", "response_length"]
         kl_in_reward = cfg.algorithm.kl_in_reward and cfg.algorithm.kl_coef > 0
         columns += ["ref_log_prob", "old_log_prob"] if kl_in_reward else []
-        batch = self._dock_call("get", "compute_advantage", columns, cfg.rollout.batch_size)
+        batch = self.dock.get("compute_advantage", columns, cfg.rollout.batch_size)
         order = batch.indexes.argsort()  # rows of a prompt group are contiguous in the dock
         scores = batch.data["rm_scores"][order].float()
         if kl_in_reward:
@@ -237,7 +247,7 @@ class Trainer:
             torch.full((max(1, length),), float(a))
             for a, length in zip(advantages.tolist(), lengths, strict=True)
         ]
-        self._dock_call("put", {"advantages": values}, batch.indexes[order])
+        self.dock.put({"advantages": values}, batch.indexes[order])
         return scores
 
     # -- checkpoints ----------------------------------------------------------------------------
@@ -248,7 +258,7 @@ class Trainer:
         directory = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
         meta = {"step": self.step, "data_position": self.step * self.config.rollout.prompts_per_step,
                 "config": config_to_dict(self.config)}  # fmt: skip
-        ckpt.write_checkpoint(directory, states, meta, dock=lambda path: self._dock_call("save", str(path)))
+        ckpt.write_checkpoint(directory, states, meta, dock=lambda path: self.dock.save(str(path)))
         ckpt.prune(self.run_dir, self.config.checkpoint.keep_last)
         return directory
 
@@ -264,7 +274,7 @@ class Trainer:
             state, meta = ckpt.read_checkpoint(directory, rank)
             self._all([actor], "load_state", state)
         if (directory / "dock.pt").is_file():
-            self._dock_call("load", str(directory / "dock.pt"))
+            self.dock.load(str(directory / "dock.pt"))
         self.step = int(meta["step"])
         (self.run_dir / "resumed_from.json").write_text(
             json.dumps({"checkpoint": str(directory), "step": self.step})
@@ -281,5 +291,5 @@ class Trainer:
         if self.config.resources.use_ray:
             import ray
 
-            for actor in [*self.actors, *self.rewarders, self._dock_actor]:
+            for actor in [*self.actors, *self.rewarders, self.dock.actor]:
                 ray.kill(actor)

@@ -1,8 +1,8 @@
 """The workers of the full system: a co-located actor (train + rollout + reference) and rule rewards.
 
 Both are plain classes; `trainer.py` turns them into Ray actors (`ray.remote(...)`), passing a
-`DockHandle` through which every stage reads its input columns and writes its outputs. Stages
-never call each other.
+dock client (`entrepot.dock.DockClient`: the in-process `GRPODock` or a `RayDockClient`) through
+which every stage reads its input columns and writes its outputs. Stages never call each other.
 
 The actor worker holds, on one device, the training model, the rollout engine (weights in the
 inference layout) and the reference model, and switches between them with entrepot.resharding's
@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from entrepot.dock import Batch, DockClient
 from entrepot.grpo import rewards
 from entrepot.grpo.config import GRPOConfig, config_from_dict
 from entrepot.grpo.data import TaskSetup, build_task
@@ -33,33 +34,15 @@ from entrepot.grpo.stages import TokenBatch, actor_update, compute_logprobs, mak
 from entrepot.grpo.threads import configure_threads
 from entrepot.grpo.training import build_optimizer
 
-__all__ = ["ActorWorker", "DockHandle", "RewardWorker", "column_rows", "tensor_text", "text_tensor"]
+__all__ = ["ActorWorker", "RewardWorker", "column_rows", "tensor_text", "text_tensor"]
 
 
-class DockHandle:
-    """The dock as the workers see it: `get` / `put`, in-process or on a Ray actor.
-
-    Args:
-        dock: a `GRPODock`, or a Ray actor handle wrapping one (calls are then `.remote` + `ray.get`).
-    """
-
-    def __init__(self, dock: Any) -> None:
-        self.dock = dock
-        self.remote = hasattr(dock, "get") and hasattr(dock.get, "remote")
-
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        fn = getattr(self.dock, method)
-        if self.remote:
-            import ray
-
-            return ray.get(fn.remote(*args, **kwargs))
-        return fn(*args, **kwargs)
-
-    def get(self, consumer: str, columns: Sequence[str], count: int, **kwargs: Any) -> Any:
-        return self._call("get", consumer, list(columns), count, **kwargs)
-
-    def put(self, data: Mapping[str, Any], indexes: torch.Tensor) -> None:
-        self._call("put", dict(data), indexes)
+def take(dock: DockClient, consumer: str, columns: Sequence[str], count: int) -> Batch:
+    """`dock.get` for a stage that must receive rows this iteration (None would be a loop bug)."""
+    batch = dock.get(consumer, list(columns), count)
+    if batch is None:
+        raise RuntimeError(f"dock has no rows left for stage {consumer!r}; the step was already consumed")
+    return batch
 
 
 def column_rows(batch: Any, column: str) -> list[torch.Tensor]:
@@ -129,6 +112,7 @@ class ActorWorker:
         self.generator = torch.Generator().manual_seed(cfg.seed + 7919 * (rank + 1))
         self.engine = GPT2RolloutEngine.from_hf_config(self.model.config, device=cfg.engine.device)
         self.manager = self._sharding_manager()
+        self._exit_infer_s = 0.0
         self.sampling = SamplingParams(
             temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
             max_new_tokens=self.setup.max_new_tokens,
@@ -157,12 +141,12 @@ class ActorWorker:
 
     # -- stages ---------------------------------------------------------------------------------
 
-    def rollout(self, dock: DockHandle, count: int) -> dict[str, float]:
+    def rollout(self, dock: DockClient, count: int) -> dict[str, float]:
         """Reshard into the engine, generate this rank's share of responses, put them in the dock."""
         t0 = time.perf_counter()
         self.manager.enter_infer_mode()
         t1 = time.perf_counter()
-        batch = dock.get("actor_rollout", ["prompts"], count)
+        batch = take(dock, "actor_rollout", ["prompts"], count)
         prompts = [p.tolist() for p in column_rows(batch, "prompts")]
         tok = self.setup.tokenizer
         responses = self.engine.generate(
@@ -170,6 +154,7 @@ class ActorWorker:
         )
         t2 = time.perf_counter()
         self.manager.exit_infer_mode()
+        self._exit_infer_s = time.perf_counter() - t2
         dock.put(
             {
                 "responses": [torch.tensor(r or [tok.pad_token_id], dtype=torch.long) for r in responses],
@@ -181,7 +166,6 @@ class ActorWorker:
         return {
             "time/reshard_to_infer": t1 - t0,
             "time/generate": t2 - t1,
-            "time/reshard_to_train": time.perf_counter() - t2,
             "rollout_tokens": float(tokens),
         }
 
@@ -191,41 +175,43 @@ class ActorWorker:
         responses = [r[:n].tolist() for r, n in zip(column_rows(batch, "responses"), lengths, strict=True)]
         return make_token_batch(prompts, responses, self.setup.tokenizer.pad_token_id)
 
-    def reference_logprobs(self, dock: DockHandle, count: int) -> dict[str, float]:
+    def reference_logprobs(self, dock: DockClient, count: int) -> dict[str, float]:
         """Reference log-probs of this rank's share of responses (response-aligned) into the dock."""
         if self.reference is None:
             raise RuntimeError("reference stage called with algorithm.kl_coef == 0")
         t0 = time.perf_counter()
-        batch = dock.get("ref_log_prob", ["prompts", "responses", "response_length"], count)
+        batch = take(dock, "ref_log_prob", ["prompts", "responses", "response_length"], count)
         tokens = self._token_batch(batch)
         ref = compute_logprobs(self.reference, tokens, self.config.batching)
         dock.put({"ref_log_prob": response_values(ref, tokens)}, batch.indexes)
         return {"time/ref": time.perf_counter() - t0}
 
-    def old_logprobs(self, dock: DockHandle, count: int) -> dict[str, float]:
+    def old_logprobs(self, dock: DockClient, count: int) -> dict[str, float]:
         """Log-probs of the sampling policy (needed when the update takes several optimiser steps)."""
         t0 = time.perf_counter()
         self.manager.enter_forward_mode()
-        batch = dock.get("actor_log_prob", ["prompts", "responses", "response_length"], count)
+        batch = take(dock, "actor_log_prob", ["prompts", "responses", "response_length"], count)
         tokens = self._token_batch(batch)
         old = compute_logprobs(self.model, tokens, self.config.batching)
         self.manager.exit_forward_mode()
         dock.put({"old_log_prob": response_values(old, tokens)}, batch.indexes)
         return {"time/old_logp": time.perf_counter() - t0}
 
-    def update(self, dock: DockHandle, count: int, *, with_old: bool) -> dict[str, float]:
+    def update(self, dock: DockClient, count: int, *, with_old: bool) -> dict[str, float]:
         """PPO-clip update on this rank's share; gradients averaged across ranks."""
         t0 = time.perf_counter()
         cfg = self.config
         columns = ["prompts", "responses", "response_length", "advantages"]
         columns += ["ref_log_prob"] if self.reference is not None and not cfg.algorithm.kl_in_reward else []
         columns += ["old_log_prob"] if with_old else []
-        batch = dock.get("actor_train", columns, count)
+        batch = take(dock, "actor_train", columns, count)
         tokens = self._token_batch(batch)
         advantages = response_grid(column_rows(batch, "advantages"), tokens)
         ref = response_grid(column_rows(batch, "ref_log_prob"), tokens) if "ref_log_prob" in columns else None
         old = response_grid(column_rows(batch, "old_log_prob"), tokens) if with_old else None
+        t_switch = time.perf_counter()
         self.manager.enter_train_mode()
+        to_train = self._exit_infer_s + time.perf_counter() - t_switch
         mini = cfg.algorithm.mini_batch_size
         metrics = actor_update(
             self.model, self.optimizer, self.scheduler, tokens, advantages, old, ref,
@@ -235,6 +221,7 @@ class ActorWorker:
         )  # fmt: skip
         self.manager.exit_train_mode()
         metrics["time/update"] = time.perf_counter() - t0
+        metrics["time/reshard_to_train"] = to_train
         metrics["train_tokens"] = float(tokens.attention_mask.sum())
         return metrics
 
@@ -296,10 +283,10 @@ class RewardWorker:
             tokenizer = AutoTokenizer.from_pretrained(self.config.model.path, local_files_only=True)
         self.tokenizer = build_task(self.config, tokenizer).tokenizer
 
-    def score(self, dock: DockHandle, count: int) -> dict[str, float]:
+    def score(self, dock: DockClient, count: int) -> dict[str, float]:
         """Take `count` unscored responses, score them, put `rm_scores` and `accuracy`."""
         t0 = time.perf_counter()
-        batch = dock.get("rule_reward", ["responses", "response_length", "answer"], count)
+        batch = take(dock, "rule_reward", ["responses", "response_length", "answer"], count)
         lengths = batch.data["response_length"].tolist()
         texts = [
             self.tokenizer.decode(r[:n].tolist(), skip_special_tokens=True)
