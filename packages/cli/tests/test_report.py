@@ -50,5 +50,5 @@ def test_live_display_shows_latest_metrics_and_last_accuracy() -> None:
     text = out.getvalue()
     assert "7/20" in text
     assert "0.350" in text  # the latest reward (7/20)
-    assert "accuracy" in text and "0.250" in text  # the accuracy of step 5 stays shown at step 7
+    assert "eval accuracy" in text and "0.250" in text  # the accuracy of step 5 stays shown at step 7
     assert "rollout 300ms" in text

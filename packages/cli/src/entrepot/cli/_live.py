@@ -85,22 +85,16 @@ class TrainDisplay:
         table = Table.grid(padding=(0, 2))
         for _ in range(6):
             table.add_column(justify="right")
-        table.add_row(
-            "reward",
-            _fmt(m.number(latest, m.REWARD)),
-            "accuracy",
-            _fmt(self.accuracy),
-            "KL",
-            _fmt(m.number(latest, m.KL), 4),
-        )
-        table.add_row(
-            "tokens/s",
-            _fmt(m.number(latest, m.TOKENS_PER_S), 0),
-            "step time",
-            f"{_fmt(m.number(latest, m.STEP_TIME), 2)} s",
-            "",
-            "",
-        )
+        rows = [
+            ("reward", _fmt(m.number(latest, m.REWARD))),
+            ("eval accuracy", _fmt(self.accuracy)),
+            ("KL", _fmt(m.number(latest, m.KL), 4)),
+            ("tokens/s", _fmt(m.number(latest, m.TOKENS_PER_S), 0)),
+            ("train accuracy", _fmt(m.number(latest, m.TRAIN_ACCURACY))),
+            ("step time", f"{_fmt(m.number(latest, m.STEP_TIME), 2)} s"),
+        ]
+        table.add_row(*(cell for pair in rows[:3] for cell in pair))
+        table.add_row(*(cell for pair in rows[3:] for cell in pair))
         stages = m.stage_times(latest)
         stage_line = "  ".join(f"{name} {seconds * 1000:.0f}ms" for name, seconds in stages.items())
         return Group(self.progress, table, f"[dim]stages: {stage_line or '-'}")

@@ -12,11 +12,14 @@ from typing import Any
 
 STEP = "step"
 REWARD = "reward_mean"
-ACCURACY = "accuracy"
+ACCURACY = "accuracy"  # greedy accuracy on held-out prompts, on eval steps only
+EVAL_REWARD = "eval_reward"  # mean reward of the greedy held-out responses
+TRAIN_ACCURACY = "train_accuracy"  # share of sampled responses that were correct, every step
 KL = "kl"
 TOKENS_PER_S = "tokens_per_s"
-ELAPSED = "elapsed"
 STEP_TIME = "time/step"
+EVAL_TIME = "time/eval"
+ELAPSED = "elapsed"  # added by `with_elapsed`: training seconds since the run began
 STAGE_PREFIX = "time/"
 
 
@@ -31,6 +34,20 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def with_elapsed(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Copies of `records` with `elapsed`: the running sum of step and eval time.
+
+    Summing the trainer's own timings (instead of wall-clock stamps) keeps the time axis continuous
+    across a resume and leaves out start-up (Ray, model build), which is not training.
+    """
+    total = 0.0
+    out = []
+    for record in records:
+        total += (number(record, STEP_TIME) or 0.0) + (number(record, EVAL_TIME) or 0.0)
+        out.append({**record, ELAPSED: total})
+    return out
+
+
 def number(record: Mapping[str, Any], key: str) -> float | None:
     """`record[key]` as a float, or None when the step did not report it."""
     value = record.get(key)
@@ -39,7 +56,7 @@ def number(record: Mapping[str, Any], key: str) -> float | None:
 
 def stage_times(record: Mapping[str, Any]) -> dict[str, float]:
     """Seconds per stage of one step (`time/<stage>` keys), without the totals."""
-    skip = {ELAPSED, STEP_TIME}
+    skip = {ELAPSED, STEP_TIME, EVAL_TIME}
     return {
         key.removeprefix(STAGE_PREFIX): float(value)
         for key, value in record.items()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,7 @@ def write_plot(records: Sequence[dict[str, Any]], run_dir: Path, title: str) -> 
     """Plot reward and accuracy into `run_dir/curves.png`; None when no step finished."""
     if not records:
         return None
-    return plot_curves(records, run_dir / PLOT_FILE, title)
+    return plot_curves(m.with_elapsed(list(records)), run_dir / PLOT_FILE, title)
 
 
 def _last(records: Sequence[dict[str, Any]], key: str) -> float | None:
@@ -52,26 +52,36 @@ def print_summary(
 
     table = Table(title="GRPO run summary", show_header=False)
     table.add_column(style="bold")
-    table.add_column()
+    table.add_column(overflow="fold")
     table.add_row("steps", str(int(_last(records, m.STEP) or 0)))
     table.add_row("final reward (mean)", _fmt(_last(records, m.REWARD)))
     table.add_row("final accuracy", _fmt(_last(records, m.ACCURACY)))
     table.add_row("best accuracy", _fmt(_best(records, m.ACCURACY)))
+    table.add_row(
+        "training time (all steps)",
+        f"{m.with_elapsed(list(records))[-1][m.ELAPSED]:.1f} s" if records else "-",
+    )
     table.add_row("wall time (this invocation)", f"{wall_seconds:.1f} s")
     table.add_row("run directory", str(run_dir))
-    table.add_row("checkpoint", str(result.checkpoint))
+    table.add_row("checkpoint", str(result.checkpoint) if result.checkpoint else "-")
     table.add_row("plot", str(plot) if plot else "-")
     console.print(table)
 
 
-def print_evaluation(console: Console, path: Path, result: Any) -> None:
-    """Accuracy and reward of an evaluation."""
+def print_evaluation(
+    console: Console, path: Path, result: Mapping[str, float], num_prompts: int | None
+) -> None:
+    """Greedy accuracy and mean reward of an evaluation (`entrepot.grpo.evaluate`'s result)."""
     from rich.table import Table
 
-    table = Table(title=f"evaluation of {path}", show_header=False)
+    table = Table(title="evaluation", caption=str(path), show_header=False)
     table.add_column(style="bold")
     table.add_column()
-    table.add_row("accuracy", _fmt(result.accuracy))
-    table.add_row("reward (mean)", _fmt(result.reward))
-    table.add_row("prompts", str(result.num_prompts))
+    step = m.number(result, m.STEP)
+    table.add_row("checkpoint step", "-" if step is None else str(int(step)))
+    table.add_row(
+        "held-out prompts", "the run's eval.num_prompts" if num_prompts is None else str(num_prompts)
+    )
+    table.add_row("accuracy (greedy)", _fmt(m.number(result, m.ACCURACY)))
+    table.add_row("reward (mean)", _fmt(m.number(result, m.EVAL_REWARD)))
     console.print(table)

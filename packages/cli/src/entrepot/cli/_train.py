@@ -1,8 +1,8 @@
 """What `rl grpo train` and `rl grpo eval` do, kept out of the Typer signatures.
 
 Order of work: resolve and validate the config first (nothing is created for a bad config), then
-create the run directory, write the resolved config, train with the live display fed by
-`on_step`, and finally write the plot and print the summary.
+create the run directory, train with the live display fed by `on_step` (entrepot.grpo.train writes
+config.yaml, metrics.jsonl and the checkpoints), and finally write the plot and print the summary.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from entrepot.cli import _metrics as m
 from entrepot.cli._errors import CLIUsageError
-from entrepot.cli._run_dir import CONFIG_FILE, new_run_dir, resume_config_path
+from entrepot.cli._run_dir import new_run_dir, resume_config_path
 
 INTERRUPTED_EXIT_CODE = 130  # the shell convention for "stopped by Ctrl-C"
 
@@ -33,7 +33,7 @@ def run_training(request: TrainRequest) -> int:
     """Run (or resume) one training run; return the process exit code."""
     from rich.console import Console
 
-    from entrepot.grpo.config import dump_yaml, load_config
+    from entrepot.grpo.config import load_config
 
     console = Console()
     if request.resume is not None:
@@ -47,7 +47,6 @@ def run_training(request: TrainRequest) -> int:
     else:
         config = load_config(request.config, request.overrides)
         run_dir = new_run_dir(request.output_dir, config.name)
-    dump_yaml(config, run_dir / CONFIG_FILE)
     console.print(f"run directory: [bold]{run_dir}[/]")
 
     from entrepot.cli._live import TrainDisplay
@@ -66,6 +65,7 @@ def run_training(request: TrainRequest) -> int:
     except KeyboardInterrupt:
         console.print("[yellow]interrupted before a checkpoint could be written[/]")
         return INTERRUPTED_EXIT_CODE
+    console.print()
     records = m.read_metrics(metrics_path)
     plot = write_plot(records, run_dir, config.name)
     print_summary(console, result, records, run_dir, plot, time.perf_counter() - started)
@@ -85,4 +85,4 @@ def run_evaluation(path: Path, num_prompts: int | None) -> None:
     from entrepot.grpo import evaluate
 
     result = evaluate(path, num_prompts)
-    print_evaluation(Console(), path, result)
+    print_evaluation(Console(), path, result, num_prompts)

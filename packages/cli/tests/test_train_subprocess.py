@@ -1,0 +1,136 @@
+"""Real `rl grpo train` processes (Ray, dock, resharding and all) on a shrunken default config.
+
+One short run is shared by the tests of this module: it must finish and leave metrics.jsonl, the
+plot and a checkpoint; `--resume` must continue it; `rl grpo eval` must read its checkpoint; Ctrl-C
+(SIGINT to the whole process group, as a terminal sends it) must save a checkpoint and exit 130.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+# Small enough for a shared 2-core machine, big enough that every stage runs (KL > 0: reference too).
+SMALL = [
+    "rollout.prompts_per_step=8",
+    "rollout.n_samples_per_prompt=4",
+    "eval.every=2",
+    "eval.num_prompts=32",
+    "checkpoint.save_every=2",
+    "logging.tensorboard=false",
+]
+
+
+def _rl(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(_rl_command(*args), capture_output=True, text=True, timeout=timeout, env=_env())
+
+
+def _rl_command(*args: str) -> list[str]:
+    script = Path(sys.executable).parent / "rl"
+    head = (
+        [str(script)]
+        if script.exists()
+        else [sys.executable, "-c", "from entrepot.cli.app import main; main()"]
+    )
+    return [*head, *args]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", "COLUMNS": "160"}
+
+
+def _steps(run_dir: Path) -> list[int]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["step"] for line in lines if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    out = tmp_path_factory.mktemp("runs")
+    done = _rl("grpo", "train", "-o", str(out), "--name", "short", "--max-steps", "4", "--seed", "1", *SMALL)
+    runs = list(out.iterdir())
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(runs) == 1 and runs[0].name.startswith("short-")
+    return runs[0], done
+
+
+def test_train_writes_config_metrics_plot_and_checkpoint(
+    finished_run: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    run_dir, done = finished_run
+    assert _steps(run_dir) == [1, 2, 3, 4]
+    assert (run_dir / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert (run_dir / "checkpoints" / "step_000004" / "model.safetensors").is_file()
+    assert "max_steps: 4" in (run_dir / "config.yaml").read_text()
+    assert "GRPO run summary" in done.stdout
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all("reward_mean" in r and "kl" in r for r in records)
+    assert "accuracy" in records[1] and "accuracy" in records[3]  # eval.every=2
+
+
+def test_resume_continues_the_run(finished_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    run_dir, _ = finished_run
+    done = _rl("grpo", "train", "--resume", str(run_dir), "max_steps=6", "--quiet")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _steps(run_dir) == [1, 2, 3, 4, 5, 6]
+    assert (run_dir / "checkpoints" / "step_000006").is_dir()
+    assert "max_steps: 6" in (run_dir / "config.yaml").read_text()
+
+
+def test_eval_reads_the_checkpoint(finished_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    run_dir, _ = finished_run
+    done = _rl("grpo", "eval", str(run_dir), "--num-prompts", "16")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "accuracy (greedy)" in done.stdout
+    assert "16" in done.stdout
+
+
+def test_bad_yaml_key_exits_2_with_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text("algorithm:\n  kl_coeff: 0.1\n")
+    done = _rl("grpo", "train", "--config", str(config), "-o", str(tmp_path / "runs"), timeout=60)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        "error: unknown key 'algorithm.kl_coeff'; allowed keys here: "
+        + done.stderr.split("allowed keys here: ")[1].strip()
+    ]
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path: Path) -> None:
+    out = tmp_path / "runs"
+    process = subprocess.Popen(
+        _rl_command("grpo", "train", "-o", str(out), "--max-steps", "200", "--quiet", *SMALL),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and process.poll() is None:
+            metrics = list(out.glob("*/metrics.jsonl"))
+            if metrics and len(metrics[0].read_text().splitlines()) >= 1:
+                break
+            time.sleep(0.5)
+        assert process.poll() is None, "training ended before it could be interrupted"
+        os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        output, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130, output
+    run_dir = next(out.iterdir())
+    checkpoints = sorted((run_dir / "checkpoints").iterdir())
+    assert checkpoints, output
+    assert int(checkpoints[-1].name.removeprefix("step_")) == _steps(run_dir)[-1]
+    assert f"rl grpo train --resume {run_dir}" in " ".join(output.split())
+    assert "Traceback" not in output
+    shutil.rmtree(out)
