@@ -67,4 +67,9 @@ def dispatch_get(
         buffer = torch.empty(meta[0].nbytes, dtype=torch.uint8, device=device)
     dist.broadcast(buffer, src=src, group=group)
     rows, raw, ages = decode(meta[0], buffer)
-    return build_batch(rows, raw, ages, layout, pad_value, pad_multiple)
+    # Small per-row tensors are copied so the batch does not pin the whole buffer through them.
+    raw = {
+        name: (flat.clone() if lengths is None else flat, None if lengths is None else lengths.clone())
+        for name, (flat, lengths) in raw.items()
+    }
+    return build_batch(rows.clone(), raw, ages.clone(), layout, pad_value, pad_multiple)

@@ -164,7 +164,7 @@ class ExperienceDock:
             DockError subclass naming the column or index; nothing is stored when it raises.
         """
         rows = as_index_tensor(indexes, self.capacity)
-        data = {key: data[key] for key in data.keys()}  # a TensorDict iterates over rows, not keys
+        data = dict(data.items())  # a TensorDict iterates over rows, not keys
         if not data:
             raise InvalidArgumentError("put needs at least one column")
         for name in data:

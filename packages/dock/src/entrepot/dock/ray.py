@@ -32,9 +32,12 @@ from entrepot.dock._wire import WireLayout, as_uint8, decode, encode, encode_tak
 __all__ = ["DockActor", "RayDockClient"]
 
 
-@ray.remote(concurrency_groups={"put": 4, "get": 16})
 class DockActor:
-    """Holds one ExperienceDock (or subclass) and serves wire-format puts and gets."""
+    """Holds one ExperienceDock (or subclass) and serves wire-format puts and gets.
+
+    A plain class: `RayDockClient.launch` makes it a Ray actor with its concurrency groups
+    (Ray takes concurrency groups only at decoration time, not in `.options()`).
+    """
 
     def __init__(
         self, dock_cls: type[ExperienceDock], dock_kwargs: dict[str, Any], num_threads: int = 1
@@ -86,14 +89,11 @@ class RayDockClient:
             name: optional Ray actor name, so other processes can `ray.get_actor` it.
             dock_kwargs: the dock's constructor arguments.
         """
-        options: dict[str, Any] = {
-            "num_cpus": num_cpus,
-            "concurrency_groups": {"put": 4, "get": max_concurrency},
-        }
-        if name is not None:
-            options["name"] = name
-        actor = DockActor.options(**options).remote(dock_cls, dock_kwargs)  # type: ignore[attr-defined]
-        return cls(actor)
+        actor_cls = ray.remote(num_cpus=num_cpus, concurrency_groups={"put": 4, "get": max_concurrency})(
+            DockActor
+        )
+        options = {} if name is None else {"name": name}
+        return cls(actor_cls.options(**options).remote(dock_cls, dock_kwargs))
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return ray.get(self.actor.call.remote(method, args, kwargs))
@@ -108,7 +108,7 @@ class RayDockClient:
     ) -> None:
         """As ExperienceDock.put; the data is unpadded here and shipped as one buffer."""
         rows = torch.as_tensor(indexes).reshape(-1)
-        data = {key: data[key] for key in data.keys()}  # a TensorDict iterates over rows, not keys
+        data = dict(data.items())  # a TensorDict iterates over rows, not keys
         columns = normalize_put(data, lengths, rows.numel(), {})
         tensors: dict[str, torch.Tensor] = {}
         for name, column in columns.items():

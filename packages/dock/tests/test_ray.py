@@ -1,0 +1,122 @@
+"""The dock as a Ray actor: same API, errors cross intact, several client actors get each row once."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from entrepot.dock import DockClient, DockError, ExperienceDock, GRPODock, UnknownColumnError  # noqa: E402
+from entrepot.dock.ray import RayDockClient  # noqa: E402
+
+# Client actors are defined here; ship this module's code to the workers by value (pytest's importlib
+# mode gives it a name the workers cannot import).
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_session():
+    ray.init(num_cpus=2, object_store_memory=500 * 1024 * 1024, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@ray.remote(num_cpus=0.25)
+class Producer:
+    def __init__(self, client: RayDockClient) -> None:
+        torch.set_num_threads(1)
+        self.client = client
+
+    def produce(self, rows: list[int]) -> int:
+        for start in range(0, len(rows), 128):
+            chunk = torch.tensor(rows[start : start + 128])
+            self.client.put({"x": [torch.full((int(r) % 5 + 1,), int(r)) for r in chunk]}, chunk)
+        return len(rows)
+
+
+@ray.remote(num_cpus=0.25)
+class Consumer:
+    def __init__(self, client: RayDockClient) -> None:
+        torch.set_num_threads(1)
+        self.client = client
+
+    def consume(self, name: str) -> list[int]:
+        seen: list[int] = []
+        while (batch := self.client.get(name, ["x", "id"], 64, min_count=1, timeout=60)) is not None:
+            rows = batch.indexes
+            assert torch.equal(batch.data["id"], rows)
+            assert torch.equal(batch.lengths["x"], rows % 5 + 1)
+            assert torch.equal(batch.data["x"][:, 0], rows)
+            seen += rows.tolist()
+        return seen
+
+
+def test_grpo_dock_actor_round_trip_errors_and_state(tmp_path):
+    client = RayDockClient.launch(GRPODock, prompts_num=2, n_samples_per_prompt=2)
+    assert isinstance(client, DockClient)
+    rows = client.put_prompts([torch.tensor([1, 2]), torch.tensor([3])], 2)
+    assert rows.tolist() == [0, 1, 2, 3]
+    batch = client.get("actor_rollout", ["prompts"], 4, layout="packed")
+    assert batch.data["prompts"].tolist() == [1, 2, 1, 2, 3, 3]
+    responses = [torch.arange(3), torch.arange(5), torch.arange(1), torch.arange(2)]
+    client.put({"responses": responses, "rm_scores": torch.tensor([1.0, 2.0, 3.0, 4.0])}, rows)
+    logp = torch.ones(4, 5, dtype=torch.bfloat16)
+    client.put({"old_log_prob": (logp, torch.tensor([3, 5, 1, 2]))}, rows)
+    batch = client.get("actor_train", ["responses", "old_log_prob", "rm_scores"], 4, pad_multiple=4)
+    assert batch.data["responses"].shape == (4, 8) and batch.data["responses"][1, :5].tolist() == [
+        0,
+        1,
+        2,
+        3,
+        4,
+    ]
+    assert batch.data["old_log_prob"].dtype == torch.bfloat16 and batch.lengths["old_log_prob"].tolist() == [
+        3,
+        5,
+        1,
+        2,
+    ]
+    assert batch.data["rm_scores"].tolist() == [1.0, 2.0, 3.0, 4.0]
+    with pytest.raises(UnknownColumnError, match="'nope'"):
+        client.put({"nope": torch.ones(1)}, [2])
+    with pytest.raises(DockError, match="already received row 0"):
+        client.get("actor_train", ["responses"], 2, indexes=[0, 1])
+    assert client.progress("actor_train") == {"consumed": 4, "live": 4}
+    assert client.get("actor_train", ["responses"], 2) is None and client.all_consumed("actor_train")
+    assert client.metrics()["dock/rows_got/actor_train"] == 4
+    client.save(str(tmp_path / "dock.pt"))
+    client.reset()
+    assert client.progress("actor_rollout")["live"] == 0
+    client.load(str(tmp_path / "dock.pt"))
+    assert client.progress("actor_rollout") == {"consumed": 4, "live": 4}
+
+
+def test_client_actors_each_row_exactly_once():
+    num_rows = 4096
+    client = RayDockClient.launch(
+        ExperienceDock, capacity=num_rows, columns=["id", "x"], consumers=["a", "b"]
+    )
+    client.put({"id": torch.arange(num_rows)}, torch.arange(num_rows))
+    order = torch.randperm(num_rows, generator=torch.Generator().manual_seed(0)).tolist()
+    producer = Producer.remote(client)
+    consumers = [Consumer.remote(client) for _ in range(2)]
+    done = producer.produce.remote(order[::2])
+    seen = [c.consume.remote("a") for c in consumers]
+    for start in range(0, num_rows // 2, 128):  # the driver is the second producer
+        chunk = torch.tensor(order[1::2][start : start + 128])
+        client.put({"x": [torch.full((int(r) % 5 + 1,), int(r)) for r in chunk]}, chunk)
+    seen_b = client_drain(client, "b")
+    assert ray.get(done) == num_rows // 2
+    rows_a = [r for part in ray.get(seen) for r in part]
+    assert sorted(rows_a) == list(range(num_rows))  # two actors sharing consumer "a": each row once
+    assert sorted(seen_b) == list(range(num_rows))
+
+
+def client_drain(client: RayDockClient, name: str) -> list[int]:
+    seen: list[int] = []
+    while (batch := client.get(name, ["x"], 256, min_count=1, layout="packed", timeout=60)) is not None:
+        seen += batch.indexes.tolist()
+    return seen
