@@ -57,6 +57,9 @@ class LocalResharder:
         """The whole model's weights in the target layout."""
         return dict(self._convert(dict(local_train_params)))
 
+    def destroy_buffers(self) -> None:
+        """Nothing to free: the converted tensors die with the caller's last reference."""
+
 
 class ShardingManager:
     """Switches one co-located actor between inference, forward-only and training modes.
@@ -64,7 +67,8 @@ class ShardingManager:
     Args:
         train_engine: the training side (``TrainingEngine``).
         infer_engine: the inference side (``InferenceEngine``).
-        resharder: a ``Resharder`` (any TP/PP/EP) or a ``LocalResharder`` (TP=PP=EP=1).
+        resharder: a ``Resharder`` (any TP/PP/EP) or a ``LocalResharder`` (TP=PP=EP=1); its
+            buffers are destroyed as soon as the inference engine has loaded the weights.
         offloader: moves training params/grads/optimizer state to host; ``None`` keeps
             everything resident (then the ``offload_*`` flags must be off).
         offload_train_params: free the training params while the inference engine runs and
@@ -148,6 +152,7 @@ class ShardingManager:
         probe.stage("onload_weights")
         self.infer_engine.load_weights(weights)
         del weights
+        self.resharder.destroy_buffers()
         self._in_flight_bytes = 0
         probe.stage("load_weights")
         if self.offload_train_params and offload_after_load:

@@ -73,3 +73,7 @@ class WeightResharder(Protocol):
     def reshard(self, local_train_params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Return this rank's inference-layout weights."""
         ...
+
+    def destroy_buffers(self) -> None:
+        """Free the memory behind the last ``reshard`` result (the engine has copied it)."""
+        ...
