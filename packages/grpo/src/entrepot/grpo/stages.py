@@ -16,7 +16,7 @@ import torch
 
 from entrepot.grpo.algorithm import group_advantages, kl_penalty, policy_loss
 from entrepot.grpo.config import AlgorithmConfig, BatchingConfig
-from entrepot.grpo.model import sequence_logprobs
+from entrepot.grpo.model import packed_sequence_logprobs, sequence_logprobs
 
 __all__ = [
     "TokenBatch",
@@ -90,13 +90,18 @@ def micro_batches(batch: TokenBatch, config: BatchingConfig) -> list[list[int]]:
     return [list(range(i, min(i + size, len(lengths)))) for i in range(0, len(lengths), size)]
 
 
+def _logprobs(config: BatchingConfig) -> Any:
+    """The forward used for log-probs: packed (remove padding) or padded."""
+    return packed_sequence_logprobs if config.remove_padding else sequence_logprobs
+
+
 @torch.no_grad()
 def compute_logprobs(model: torch.nn.Module, batch: TokenBatch, config: BatchingConfig) -> torch.Tensor:
     """Per-token log-probs [B, T] of `batch` under `model`, micro-batched (zeros off the response)."""
     out = torch.zeros_like(batch.response_mask)
     for rows in micro_batches(batch, config):
         sub = batch.rows(rows)
-        logp, _ = sequence_logprobs(model, sub.input_ids, sub.attention_mask)
+        logp, _ = _logprobs(config)(model, sub.input_ids, sub.attention_mask)
         out[torch.as_tensor(rows), : logp.shape[1]] = logp * sub.response_mask
     return out
 
@@ -162,7 +167,9 @@ def actor_update(
                 sub = mini.rows(micro)
                 index = torch.as_tensor(rows)[torch.as_tensor(micro)]
                 t = sub.response_mask.shape[1]
-                logp, entropy = sequence_logprobs(model, sub.input_ids, sub.attention_mask, with_entropy=True)
+                logp, entropy = _logprobs(batching)(
+                    model, sub.input_ids, sub.attention_mask, with_entropy=True
+                )
                 old = logp.detach() if old_logp is None else old_logp[index, :t]
                 ref = None if ref_logp is None else ref_logp[index, :t]
                 out = policy_loss(
