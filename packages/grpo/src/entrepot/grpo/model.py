@@ -146,6 +146,9 @@ def packed_sequence_logprobs(
         logits = (
             model(
                 input_ids=packed.input_ids,
+                attention_mask=torch.ones_like(
+                    packed.input_ids
+                ),  # the packed kernel ignores it; HF warns without
                 position_ids=packed.position_ids,
                 cu_seq_lens_q=packed.cu_seqlens,
                 cu_seq_lens_k=packed.cu_seqlens,
