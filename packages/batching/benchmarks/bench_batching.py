@@ -204,7 +204,8 @@ def bench_micro_batches(summary: dict[str, list[float]]) -> None:
                     speedup = kk_s / ours_s
                     classic_cells = [f"{imbalance(kk_totals):.4f}", str(over), ms(kk_s), f"{speedup:.0f}x"]
                     summary["kk_violations"].append(over)
-                    summary["imbalance_vs_kk"].append(plan.imbalance - imbalance(kk_totals))
+                    if over == 0:  # an overflowing plan is not a valid one to compare balance with
+                        summary["imbalance_vs_kk"].append(plan.imbalance - imbalance(kk_totals))
                     if num >= 4096:
                         summary["speedup_micro"].append(speedup)
                 summary["count_ratio"].append(plan.num_micro_batches / lower)
@@ -386,11 +387,11 @@ def main() -> None:
             f"worst k/LB {worst_count:.3f}",
         ),
         (
-            "imbalance <= classic KK (micro-batches)",
-            worst_micro_imb <= 0,
-            f"worst ours-KK {worst_micro_imb:+.4f}",
+            "imbalance <= classic KK (micro-batches, rows where KK respects the budget)",
+            worst_micro_imb <= 1e-12,
+            f"worst ours-KK {worst_micro_imb:+.4f} over {len(summary['imbalance_vs_kk'])} rows",
         ),
-        ("imbalance <= classic KK (DP balance)", worst_dp_imb <= 0, f"worst ours-KK {worst_dp_imb:+.2e}"),
+        ("imbalance <= classic KK (DP balance)", worst_dp_imb <= 1e-12, f"worst ours-KK {worst_dp_imb:+.2e}"),
         (
             ">= 20x faster than classic KK, N >= 4096 (micro-batches, rows run)",
             min(summary["speedup_micro"]) >= 20,

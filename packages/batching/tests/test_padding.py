@@ -121,3 +121,20 @@ def test_errors_name_the_problem() -> None:
         pad([torch.zeros(2)], multiple=0)
     with pytest.raises(InvalidLengthError, match="integer dtype"):
         unpack(torch.arange(4), torch.tensor([2.0, 2.0]))
+
+
+@pytest.mark.parametrize("multiple", [1, 4])
+def test_mismatched_rank_or_trailing_shape_is_named(multiple: int) -> None:
+    for bad in (
+        [torch.zeros(2), torch.zeros(2, 2)],
+        [torch.zeros(2, 3), torch.zeros(2, 2)],
+        [torch.zeros(2), 5],
+    ):
+        with pytest.raises(InvalidArgumentError, match=r"sequences\[1\]"):
+            pack(bad)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentError, match=r"sequences\[1\]"):
+            pad(bad, multiple=multiple)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentError, match=r"sequences\[1\]"):
+            pad(bad, multiple=8)  # type: ignore[arg-type]  (the row-copy path)
+    with pytest.raises(InvalidArgumentError, match=r"sequences\[0\] is a 0-d tensor"):
+        pack([torch.tensor(1), torch.zeros(2)])

@@ -74,12 +74,18 @@ def balance_across_ranks(
             f"{len(sizes)} rows do not split into groups of group_size={group_size}; "
             f"the row count must be a multiple of group_size"
         )
-    weights = [sum(sizes[start : start + group_size]) for start in range(0, len(sizes), group_size)]
+    if group_size == 1:
+        weights = sizes
+    else:
+        weights = [sum(sizes[start : start + group_size]) for start in range(0, len(sizes), group_size)]
     with gc_paused():
         candidates: list[tuple[Method, list[list[int]]]] = [
             ("karmarkar_karp", _karmarkar_karp(weights, num_ranks, equal_count)),
             ("greedy_lpt", _greedy_lpt(weights, num_ranks, equal_count)),
         ]
     method, groups = min(candidates, key=lambda item: max(part_sums(item[1], weights)))
-    ranks = [[g * group_size + r for g in part for r in range(group_size)] for part in groups]
+    if group_size == 1:
+        ranks = groups
+    else:
+        ranks = [[g * group_size + r for g in part for r in range(group_size)] for part in groups]
     return RankPlan(ranks=ranks, token_counts=part_sums(groups, weights), method=method)

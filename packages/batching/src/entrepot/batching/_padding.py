@@ -13,7 +13,8 @@ O(B) loop over sequences for views; nothing loops over tokens in Python.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from operator import attrgetter
 
 import torch
 from torch import Tensor
@@ -50,6 +51,36 @@ def _check_multiple(multiple: int) -> None:
         raise InvalidArgumentError(f"multiple must be an int >= 1, got {multiple!r}")
 
 
+def _fast_lengths(sequences: Sequence[Tensor], name: str = "sequences") -> list[int]:
+    """Lengths of the sequences, with C-level ``map`` calls instead of a per-item Python loop.
+
+    For thousands of short sequences a per-item loop costs as much as the copy itself, so only
+    the dtype is checked here (``torch.cat`` would silently promote a mixed batch); rank, trailing
+    shape and device mismatches make the torch join fail, and :func:`_joined` then names the
+    offending sequence.
+    """
+    if not sequences:
+        return []
+    try:
+        if len(set(map(attrgetter("dtype"), sequences))) > 1:
+            _check_sequences(sequences, name)
+        if sequences[0].dim() == 1:
+            return list(map(Tensor.numel, sequences))
+        return [seq.shape[0] for seq in sequences]
+    except (TypeError, AttributeError, IndexError):
+        _check_sequences(sequences, name)
+        raise
+
+
+def _joined(join: Callable[[], Tensor], sequences: Sequence[Tensor]) -> Tensor:
+    """Run a torch join (cat / pad_sequence); on a shape or device mismatch name the sequence."""
+    try:
+        return join()
+    except RuntimeError:
+        _check_sequences(sequences)
+        raise
+
+
 def pack(sequences: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
     """Concatenate sequences end to end (one ``torch.cat``).
 
@@ -60,11 +91,11 @@ def pack(sequences: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
         ``(flat, lengths)``: flat [T, *F] and int64 lengths [B] on the CPU. An empty list gives an
         empty float32 ``flat`` of shape [0] and empty lengths.
     """
-    _check_sequences(sequences)
-    lengths = torch.tensor([seq.shape[0] for seq in sequences], dtype=torch.int64)
+    sizes = _fast_lengths(sequences)
+    lengths = torch.tensor(sizes, dtype=torch.int64)
     if not sequences:
         return torch.empty(0), lengths
-    return torch.cat(list(sequences)), lengths
+    return _joined(lambda: torch.cat(list(sequences)), sequences), lengths
 
 
 def unpack(flat: Tensor, lengths: Sequence[int] | Tensor) -> list[Tensor]:
@@ -123,21 +154,29 @@ def pad(
         template: Tensor | None = flat
     else:
         seqs = sequences
-        _check_sequences(seqs)
         template = seqs[0] if seqs else None
-    lengths = torch.tensor([seq.shape[0] for seq in seqs], dtype=torch.int64)
+    sizes = _fast_lengths(seqs)
+    lengths = torch.tensor(sizes, dtype=torch.int64)
     if template is None:
         return torch.empty(0, 0), lengths
-    longest = int(lengths.max()) if len(seqs) else 0
+    longest = max(sizes, default=0)
     width = round_up(longest, multiple)
     if not seqs:
         return template.new_empty((0, width, *template.shape[1:])), lengths
     if width == longest:
-        return pad_sequence(list(seqs), batch_first=True, padding_value=pad_value), lengths
-    padded = template.new_full((len(seqs), width, *template.shape[1:]), pad_value)
-    for row, seq in zip(padded, seqs, strict=True):
-        row[: seq.shape[0]].copy_(seq)
-    return padded, lengths
+        padded = _joined(lambda: pad_sequence(list(seqs), batch_first=True, padding_value=pad_value), seqs)
+        return padded, lengths
+    # copy_ would broadcast a mismatched trailing shape or move across devices without a word.
+    if template.dim() > 1 or len(set(map(attrgetter("device"), seqs))) > 1:
+        _check_sequences(seqs)
+
+    def copy_rows() -> Tensor:
+        padded = template.new_full((len(seqs), width, *template.shape[1:]), pad_value)
+        for row, seq, size in zip(padded, seqs, sizes, strict=True):
+            row[:size].copy_(seq)
+        return padded
+
+    return _joined(copy_rows, seqs), lengths
 
 
 def unpad(padded: Tensor, lengths: Sequence[int] | Tensor) -> list[Tensor]:

@@ -25,7 +25,7 @@ from entrepot.batching._lengths import LengthsLike, as_length_list, gc_paused
 __all__ = ["greedy_lpt", "karmarkar_karp", "part_sums"]
 
 # Above this many new parts a merge re-sorts the whole state instead of inserting one by one.
-_INSERT_LIMIT = 16
+_INSERT_LIMIT = 2
 
 
 def part_sums(parts: Sequence[Sequence[int]], weights: Sequence[int]) -> list[int]:
@@ -63,7 +63,7 @@ def _combine(big: list[Part], small: list[Part], num_parts: int, next_id: int) -
     if len(added) <= _INSERT_LIMIT:
         for entry in added:
             insort(big, entry)
-    else:
+    else:  # timsort merges the sorted remainder with the new parts in C
         big.extend(added)
         big.sort()
     return next_id
@@ -145,7 +145,10 @@ def _karmarkar_karp(weights: Sequence[int], num_parts: int, equal_count: bool) -
         low = big[0][0] if len(big) == num_parts else 0
         heapq.heappush(heap, (low - big[-1][0], -big[-1][0], big))
         next_id += 1
-    result = [sorted(i for i in items if i < num_items) for _, _, items in take()]
+    final = take()
+    if len(values) > num_items:  # drop equal_count's zero-weight padding items
+        final = [(weight, uid, [i for i in items if i < num_items]) for weight, uid, items in final]
+    result = [sorted(items) for _, _, items in final]
     result += [[] for _ in range(num_parts - len(result))]
     return result
 
