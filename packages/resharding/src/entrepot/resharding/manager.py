@@ -78,6 +78,9 @@ class ShardingManager:
         keep_grads: copy gradients to host instead of dropping them (dropped gradients come
             back as zeros, which is what a step that starts from ``zero_grad`` needs).
 
+    The inference engine is offloaded on construction: it holds no memory until the first
+    ``enter_infer_mode``.
+
     Example:
         >>> manager = ShardingManager(engine, infer, LocalResharder(adaptor), Offloader(model, opt))
         >>> record = manager.enter_infer_mode()   # reshard, offload train params, load weights
@@ -121,6 +124,8 @@ class ShardingManager:
         self._mode = "idle"
         self._in_flight_bytes = 0  # the resharded copy held between reshard and load
         self._device = train_engine.device
+        # Like MindSpeed-RL: the inference engine holds nothing until the first enter_infer_mode.
+        infer_engine.offload()
 
     @property
     def current_mode(self) -> str:
