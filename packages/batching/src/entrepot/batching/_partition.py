@@ -114,38 +114,48 @@ def _karmarkar_karp(weights: Sequence[int], num_parts: int, equal_count: bool) -
     next_single, num_singles = 0, len(singles)
     next_id = len(values)  # ids below are the items' own; also the heap's tie-breaker
 
-    def take() -> list[Part]:
-        nonlocal next_single
-        if next_single < num_singles and (not heap or values[singles[next_single]] > -heap[0][0]):
-            index = singles[next_single]
-            next_single += 1
-            return [(values[index], index, [index])]
-        return heapq.heappop(heap)[2]
+    def single_next() -> bool:
+        """Whether the next state to pop is a single item (merged states win ties)."""
+        return next_single < num_singles and (not heap or values[singles[next_single]] > -heap[0][0])
 
     for _ in range(num_singles + len(heap) - 1):
-        # Hot loop: the first pop is inlined (it is a single item most of the time).
-        if next_single < num_singles and (not heap or values[singles[next_single]] > -heap[0][0]):
-            index = singles[next_single]
+        # Hot loop, run N - 1 times: single items stay bare indices until they join a state.
+        if single_next():
+            single = singles[next_single]
             next_single += 1
-            big = [(values[index], index, [index])]
+            if single_next():  # two single items: a state with one part each
+                big = [(values[single], single, [single])]
+                single = singles[next_single]
+                next_single += 1
+            else:
+                big = heapq.heappop(heap)[2]
         else:
             big = heapq.heappop(heap)[2]
-        small = take()
-        if len(big) < len(small):
-            big, small = small, big
-        if len(small) > 1:
-            next_id = _combine(big, small, num_parts, next_id)
-        elif len(big) < num_parts:  # the item takes an empty part
-            insort(big, small[0])
-        else:  # the item joins the lightest part
-            weight, _, items = big.pop(0)
-            items.append(small[0][2][0])
-            insort(big, (weight + small[0][0], next_id, items))
-            next_id += 1
+            if single_next():
+                single = singles[next_single]
+                next_single += 1
+            else:
+                small = heapq.heappop(heap)[2]
+                if len(big) < len(small):
+                    big, small = small, big
+                next_id = _combine(big, small, num_parts, next_id)
+                single = -1
+        if single >= 0:
+            weight = values[single]
+            if len(big) < num_parts:  # the item takes an empty part
+                insort(big, (weight, single, [single]))
+            else:  # the item joins the lightest part
+                low_weight, _, items = big.pop(0)
+                items.append(single)
+                insort(big, (low_weight + weight, next_id, items))
+                next_id += 1
         low = big[0][0] if len(big) == num_parts else 0
         heapq.heappush(heap, (low - big[-1][0], -big[-1][0], big))
-        next_id += 1
-    final = take()
+    if single_next():  # one item in all
+        single = singles[next_single]
+        final = [(values[single], single, [single])]
+    else:
+        final = heap[0][2]
     if len(values) > num_items:  # drop equal_count's zero-weight padding items
         final = [(weight, uid, [i for i in items if i < num_items]) for weight, uid, items in final]
     result = [sorted(items) for _, _, items in final]
