@@ -60,5 +60,5 @@ def version_command() -> None:
 
 
 def main() -> None:
-    """Console-script entry point for `rl`."""
-    app()
+    """Console-script entry point; usage lines and completion say `rl` however the program starts."""
+    app(prog_name="rl")
