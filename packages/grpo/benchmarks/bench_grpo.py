@@ -107,9 +107,7 @@ def main() -> None:
     rows = [_summary("plain loop", plain_hist, plain_wall, args.target),
             _summary("full system", full_hist, full_wall, args.target)]  # fmt: skip
 
-    print(
-        f"\nGRPO default (reverse 8 digits): target greedy accuracy {args.target}, {args.max_steps} steps"
-    )
+    print(f"\nGRPO default (reverse 8 digits): target greedy accuracy {args.target}, {args.max_steps} steps")
     print(
         f"{'':<14}{'steps->target':>14}{'s->target':>11}{'min acc after':>14}{'final acc':>10}{'wall s':>9}"
     )

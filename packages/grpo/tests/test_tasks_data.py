@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from tests_support_models import tiny_model_dir
 
 from entrepot.grpo import load_config
 from entrepot.grpo.data import build_task, encode_prompt, read_records
@@ -55,34 +56,10 @@ def test_parquet_records(tmp_path: Path) -> None:
     assert [s.answer for s in read_records(path, "prompt", "answer")] == ["1", "2"]
 
 
-def _tiny_model_dir(path: Path) -> Path:
-    """A tiny GPT-2 plus a word-level tokenizer with a chat template, written locally (no downloads)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
-
-    vocab = {
-        "<pad>": 0,
-        "<eos>": 1,
-        "<unk>": 2,
-        **{w: i + 3 for i, w in enumerate(["user", ":", "what", "is", "1", "2", "3", "?"])},
-    }
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
-    )
-    tok.chat_template = "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
-    tok.save_pretrained(path)
-    GPT2LMHeadModel(
-        GPT2Config(vocab_size=len(vocab), n_positions=32, n_embd=16, n_layer=1, n_head=2)
-    ).save_pretrained(path)
-    return path
-
-
 def test_local_model_dir_with_chat_template(tmp_path: Path) -> None:
     from entrepot.grpo.model import load_pretrained
 
-    model_dir = _tiny_model_dir(tmp_path / "model")
+    model_dir = tiny_model_dir(tmp_path / "model")
     data = tmp_path / "d.jsonl"
     data.write_text("\n".join(json.dumps({"prompt": "what is 1 ?", "answer": "1"}) for _ in range(4)))
     model, tokenizer = load_pretrained(model_dir)

@@ -8,7 +8,7 @@ import torch
 
 from entrepot.grpo import rewards
 from entrepot.grpo.data import TaskSetup, encode_prompt
-from entrepot.grpo.rollout import GPT2RolloutEngine, SamplingParams
+from entrepot.grpo.rollout import RolloutEngine, SamplingParams
 
 if TYPE_CHECKING:
     from entrepot.grpo.config import GRPOConfig
@@ -17,7 +17,7 @@ __all__ = ["greedy_eval"]
 
 
 def greedy_eval(
-    engine: GPT2RolloutEngine, setup: TaskSetup, config: GRPOConfig, num_prompts: int | None = None
+    engine: RolloutEngine, setup: TaskSetup, config: GRPOConfig, num_prompts: int | None = None
 ) -> dict[str, float]:
     """Greedy-decode held-out prompts with `engine`; returns eval accuracy and mean reward."""
     tok = setup.tokenizer

@@ -62,7 +62,7 @@ def load_pretrained(path: str | Path) -> tuple[torch.nn.Module, Any]:
             f"model.path ({str(directory)!r}) must be a local HF model directory with config.json"
         )
     tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch.float32)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["GPT2RolloutEngine", "SamplingParams", "gpt2_hf_to_infer", "gpt2_infer_meta"]
+__all__ = ["GPT2RolloutEngine", "RolloutEngine", "SamplingParams", "gpt2_hf_to_infer", "gpt2_infer_meta"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,21 @@ class SamplingParams:
     top_k: int = 0
     max_new_tokens: int = 16
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+
+
+class RolloutEngine(Protocol):
+    """What the workers need from a rollout engine besides the InferenceEngine protocol."""
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        pad_token_id: int = 0,
+        generator: torch.Generator | None = None,
+    ) -> list[list[int]]:
+        """One sampled response (token ids, stop token kept) per prompt."""
+        ...
 
 
 def gpt2_infer_meta(

@@ -110,8 +110,7 @@ class ActorWorker:
         )
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg)
         self.generator = torch.Generator().manual_seed(cfg.seed + 7919 * (rank + 1))
-        self.engine = GPT2RolloutEngine.from_hf_config(self.model.config, device=cfg.engine.device)
-        self.manager = self._sharding_manager()
+        self.engine, self.manager = self._engines()
         self._exit_infer_s = 0.0
         self.sampling = SamplingParams(
             temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
@@ -123,21 +122,43 @@ class ActorWorker:
 
             dist.init_process_group("gloo", init_method=dist_init, rank=rank, world_size=world_size)
 
-    def _sharding_manager(self) -> Any:
+    def _engines(self) -> tuple[Any, Any]:
+        """The rollout engine and the ShardingManager joining it to the training model.
+
+        GPT-2 gets the embedded engine in the fused inference layout; other architectures get an
+        HF-layout generation copy (`HFRolloutEngine`). Both receive weights through the resharder.
+        """
+        from entrepot.grpo.errors import GRPOError
         from entrepot.resharding import LocalResharder, Offloader, ShardingManager
         from entrepot.resharding.adaptors import get_adaptor
         from entrepot.resharding.engines.torch import TorchTrainingEngine
 
+        cfg = self.config
+        if cfg.engine.train != "torch" or cfg.engine.rollout != "torch":
+            raise GRPOError(
+                f"engine.train={cfg.engine.train!r} / engine.rollout={cfg.engine.rollout!r}: the GRPO worker "
+                "of entrepot-grpo 0.1 builds only the torch engines (resharding ships megatron/vllm adapters)"
+            )
         architecture = type(self.model).__name__
         adaptor = get_adaptor(architecture, self.model.config)
-        offload = self.config.engine.offload_train_in_rollout
-        return ShardingManager(
+        engine: Any
+        if architecture == "GPT2LMHeadModel":
+            engine = GPT2RolloutEngine.from_hf_config(self.model.config, device=cfg.engine.device)
+            resharder = LocalResharder(adaptor, target="infer")
+        else:
+            from entrepot.grpo.rollout_hf import HFRolloutEngine
+
+            engine = HFRolloutEngine(copy.deepcopy(self.model).requires_grad_(False).eval())
+            resharder = LocalResharder(adaptor, target="hf")
+        offload = cfg.engine.offload_train_in_rollout
+        manager = ShardingManager(
             TorchTrainingEngine(self.model, adaptor),
-            self.engine,
-            LocalResharder(adaptor, target="infer"),
+            engine,
+            resharder,
             Offloader(self.model, self.optimizer) if offload else None,
             offload_train_params=offload, offload_grads=offload, offload_optimizer=offload,
         )  # fmt: skip
+        return engine, manager
 
     # -- stages ---------------------------------------------------------------------------------
 

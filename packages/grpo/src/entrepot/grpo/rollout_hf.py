@@ -1,0 +1,68 @@
+"""A rollout engine for any local HF causal LM: HF `generate` over a module in HF layout.
+
+The embedded GPT-2 engine (`rollout.py`) keeps its own fused inference layout; for other
+architectures (Qwen2, Llama, ...) this engine holds a generation copy of the HF module, receives
+HF-named weights through `LocalResharder(adaptor, target="hf")`, and samples with HF's
+`generate`. Sampling draws from torch's global RNG (which checkpoints save and restore).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from entrepot.grpo.rollout import SamplingParams
+
+__all__ = ["HFRolloutEngine"]
+
+
+def _engine_base() -> type:
+    from entrepot.resharding.engines.torch import TorchInferenceEngine
+
+    return TorchInferenceEngine
+
+
+class HFRolloutEngine(_engine_base()):  # type: ignore[misc]
+    """`TorchInferenceEngine` plus batched sampling with a KV cache (HF `generate`).
+
+    Args:
+        module: the generation copy of the model (its weights are overwritten on every load).
+    """
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        pad_token_id: int = 0,
+        generator: torch.Generator | None = None,
+    ) -> list[list[int]]:
+        """One response per prompt (left-padded batch); a response ends after a stop token (kept)."""
+        module = self.module
+        device = next(module.parameters()).device
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, p in enumerate(prompts):
+            ids[row, width - len(p) :] = torch.as_tensor(list(p), dtype=torch.long)
+            mask[row, width - len(p) :] = 1
+        sample = params.temperature > 0
+        out = module.generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            do_sample=sample,
+            temperature=params.temperature if sample else None,
+            top_p=params.top_p if sample else None,
+            top_k=params.top_k if sample else None,
+            max_new_tokens=params.max_new_tokens,
+            eos_token_id=list(params.stop_token_ids) or None,
+            pad_token_id=pad_token_id,
+        )[:, width:].cpu()
+        stops = set(params.stop_token_ids)
+        responses = []
+        for row in out.tolist():
+            end = next((i + 1 for i, t in enumerate(row) if t in stops), len(row))
+            responses.append(row[:end])
+        return responses
