@@ -1,6 +1,14 @@
 """entrepot.resharding — see the package README for what it provides."""
 
 from entrepot.resharding._version import __version__
+from entrepot.resharding.adaptors import (
+    ParamSpec,
+    WeightAdaptor,
+    adaptor_for_config,
+    get_adaptor,
+    known_architectures,
+    register_adaptor,
+)
 from entrepot.resharding.buffers import MemoryBuffer, ModelWeightBuffer
 from entrepot.resharding.errors import (
     BufferStateError,
@@ -19,6 +27,7 @@ from entrepot.resharding.layout import ParallelLayout, RankCoords
 from entrepot.resharding.manager import MODES, LocalResharder, ShardingManager, TransitionRecord
 from entrepot.resharding.offload import Component, Offloader
 from entrepot.resharding.protocols import INFERENCE_TAGS, InferenceEngine, TrainingEngine, WeightResharder
+from entrepot.resharding.resharder import Resharder, ReshardStats
 
 __all__ = [
     "INFERENCE_TAGS",
@@ -37,14 +46,22 @@ __all__ = [
     "OffloadStateError",
     "Offloader",
     "ParallelLayout",
+    "ParamSpec",
     "RankCoords",
     "ReshardError",
+    "ReshardStats",
+    "Resharder",
     "ShapeMismatchError",
     "ShardingManager",
     "TrainingEngine",
     "TransitionRecord",
     "UnknownArchitectureError",
     "UnknownWeightError",
+    "WeightAdaptor",
     "WeightResharder",
     "__version__",
+    "adaptor_for_config",
+    "get_adaptor",
+    "known_architectures",
+    "register_adaptor",
 ]

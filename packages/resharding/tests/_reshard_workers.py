@@ -1,0 +1,97 @@
+"""Worker side of the multi-process resharding tests (imported by module name in spawned children).
+
+Every rank loads the same full HF state dict, cuts its training shard with
+``WeightAdaptor.shard``, reshards with gloo, and compares its result bit for bit with the
+inference shard cut directly from the full model.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from entrepot.resharding import ChecksumMismatchError, ParallelLayout, Resharder, get_adaptor
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One multi-process test: a model, two layouts and a bucket size."""
+
+    architecture: str
+    config: dict[str, Any]
+    state_path: str
+    train: ParallelLayout
+    infer: ParallelLayout
+    bucket_bytes: int
+    corrupt_check: bool = False
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class CorruptingResharder(Resharder):
+    """Flips one received byte on rank 1: checksum verification must catch it."""
+
+    def _exchange(
+        self, recv: torch.Tensor, send: torch.Tensor, recv_splits: list[int], send_splits: list[int]
+    ) -> None:
+        super()._exchange(recv, send, recv_splits, send_splits)
+        if dist.get_rank() == 1 and recv.numel():
+            recv[recv.numel() // 2] ^= 0x40
+
+
+def run(rank: int, world: int, port: int, scenario: Scenario) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        _check(rank, world, scenario)
+    finally:
+        dist.destroy_process_group()
+
+
+def _check(rank: int, world: int, sc: Scenario) -> None:
+    adaptor = get_adaptor(sc.architecture, SimpleNamespace(**sc.config))
+    full = adaptor.hf_to_train(torch.load(sc.state_path))
+    tc = sc.train.coords(rank, world)
+    local = adaptor.shard(full, sc.train, tc.tp_rank, tc.pp_rank, tc.ep_rank, tc.etp_rank)
+    ic = sc.infer.coords(rank, world)
+    expected = adaptor.train_to_infer(adaptor.shard(full, sc.infer, ic.tp_rank, 0, ic.ep_rank, ic.etp_rank))
+
+    resharder = Resharder(adaptor, sc.train, sc.infer, bucket_bytes=sc.bucket_bytes, verify=True)
+    for _ in range(2):  # the second pass re-uses the plan and rebuilds the destroyed buffers
+        got = resharder.reshard(local)
+        assert sorted(got) == sorted(expected), f"rank {rank}: names {sorted(set(got) ^ set(expected))}"
+        for name, tensor in expected.items():
+            assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), (
+                f"rank {rank}: {name} differs"
+            )
+        resharder.destroy_buffers()
+        assert all(t.numel() == 0 for t in got.values())
+    stats = resharder.stats
+    # One all-to-all per dtype per round, never one per tensor: a single round for large buckets.
+    num_dtypes = len({t.dtype for t in full.values()})
+    assert stats.num_collectives <= stats.num_rounds * num_dtypes, f"rank {rank}: {stats}"
+    if sc.bucket_bytes >= sum(t.numel() * t.element_size() for t in full.values()):
+        assert stats.num_rounds == 1 and stats.num_collectives == num_dtypes, f"rank {rank}: {stats}"
+    assert stats.bytes_received + stats.bytes_local >= sum(
+        t.numel() * t.element_size() for t in expected.values()
+    )
+
+    if sc.corrupt_check:
+        corrupt = CorruptingResharder(adaptor, sc.train, sc.infer, bucket_bytes=sc.bucket_bytes, verify=True)
+        try:
+            corrupt.reshard(local)
+        except ChecksumMismatchError as err:
+            assert "rank" in str(err)
+        else:
+            raise AssertionError(f"rank {rank}: corrupted transfer was not detected")
