@@ -71,24 +71,28 @@ class Batch:
 
 def build_batch(
     indexes: torch.Tensor,
-    raw: Mapping[str, tuple[torch.Tensor, torch.Tensor | None]],
+    raw: Mapping[str, tuple[torch.Tensor | list[torch.Tensor], torch.Tensor | None]],
     ages: torch.Tensor,
     layout: Layout,
     pad_value: float = 0,
     pad_multiple: int = 1,
 ) -> Batch:
-    """Lay out gathered columns (flat [T_c] + lengths [B], or scalar values [B] with lengths None)."""
+    """Lay out gathered columns: (flat [T_c] or B row views, lengths [B]); scalars as (values [B], None)."""
     num_rows = int(indexes.numel())
     lengths = {name: lens for name, (_, lens) in raw.items() if lens is not None}
     if layout == "packed":
-        data = TensorDict({name: flat for name, (flat, _) in raw.items()}, batch_size=[])
+        packed = {
+            name: torch.cat(flat) if isinstance(flat, list) else flat for name, (flat, _) in raw.items()
+        }
+        data = TensorDict(packed, batch_size=[])
         return Batch(indexes, data, lengths, layout, ages)
     columns: dict[str, torch.Tensor] = {}
     for name, (flat, lens) in raw.items():
         if lens is None:
+            assert isinstance(flat, torch.Tensor)
             columns[name] = flat
         elif num_rows == 0:
-            columns[name] = flat.new_empty((0, 0))
+            columns[name] = torch.empty((0, 0), dtype=flat.dtype if isinstance(flat, torch.Tensor) else None)
         else:
-            columns[name], _ = pad((flat, lens), pad_value=pad_value, multiple=pad_multiple)
+            columns[name], _ = pad(flat if isinstance(flat, list) else (flat, lens), pad_value, pad_multiple)
     return Batch(indexes, TensorDict(columns, batch_size=[num_rows]), lengths, layout, ages)

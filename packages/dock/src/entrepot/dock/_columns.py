@@ -16,11 +16,22 @@ after releasing the lock, concurrently with puts. Scalar columns are one dense [
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 _MIN_BUFFER = 1 << 12
 _INT_FLOAT_MANTISSA = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}
+
+
+class _Copyable(Protocol):
+    @property
+    def numel(self) -> int: ...
+
+    def copy_into(self, out: torch.Tensor) -> None: ...
+
+
+Source = torch.Tensor | _Copyable
 
 
 @dataclass(frozen=True)
@@ -65,6 +76,28 @@ class SeqSnapshot:
     def numel(self) -> int:
         return int(self.lengths.sum())
 
+    def _runs(self) -> tuple[list[int], list[int], list[int]]:
+        """Runs of rows adjacent in the buffer: (buffer start, elements, rows) per run."""
+        offsets, lengths = self.offsets, self.lengths
+        breaks = (offsets[1:] != offsets[:-1] + lengths[:-1]).nonzero().squeeze(1) + 1
+        starts = torch.cat([torch.zeros(1, dtype=torch.int64), breaks])
+        ends = torch.cat([breaks, torch.tensor([offsets.numel()])])
+        run_elems = torch.cumsum(lengths, 0)
+        run_lengths = run_elems[ends - 1] - torch.where(starts > 0, run_elems[starts - 1], 0)
+        return offsets[starts].tolist(), run_lengths.tolist(), (ends - starts).tolist()
+
+    def views(self) -> list[torch.Tensor]:
+        """One view of the buffer per row (no copy), split run by run in C++."""
+        if self.offsets.numel() == 0:
+            return []
+        out: list[torch.Tensor] = []
+        sizes = self.lengths.tolist()
+        first = 0
+        for start, size, num_rows in zip(*self._runs(), strict=True):
+            out.extend(torch.split(self.buffer.narrow(0, start, size), sizes[first : first + num_rows]))
+            first += num_rows
+        return out
+
     def gather(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """Copy the rows into one flat tensor [sum(lengths)], one memcpy per run of adjacent rows."""
         total = self.numel
@@ -72,15 +105,10 @@ class SeqSnapshot:
             out = torch.empty(total, dtype=self.buffer.dtype)
         if total == 0:
             return out
-        offsets, lengths = self.offsets, self.lengths
         # A run continues while the next row starts where this one ends (rows put together are adjacent).
-        breaks = (offsets[1:] != offsets[:-1] + lengths[:-1]).nonzero().squeeze(1) + 1
-        starts = torch.cat([torch.zeros(1, dtype=torch.int64), breaks])
-        ends = torch.cat([breaks, torch.tensor([offsets.numel()])])
-        run_elems = torch.cumsum(lengths, 0)
-        run_lengths = run_elems[ends - 1] - torch.where(starts > 0, run_elems[starts - 1], 0)
+        starts, sizes, _ = self._runs()
         dst = 0
-        for start, size in zip(offsets[starts].tolist(), run_lengths.tolist(), strict=True):
+        for start, size in zip(starts, sizes, strict=True):
             out.narrow(0, dst, size).copy_(self.buffer.narrow(0, start, size))
             dst += size
         return out
@@ -105,23 +133,25 @@ class SequenceColumn:
     def nbytes_allocated(self) -> int:
         return self.buffer.numel() * self.buffer.element_size()
 
-    def write(
-        self, rows: torch.Tensor, flat: torch.Tensor, lengths: torch.Tensor, ready: torch.Tensor
-    ) -> None:
-        """Append `flat` (the rows' tokens back to back) and point `rows` at it.
+    def write(self, rows: torch.Tensor, source: Source, lengths: torch.Tensor, ready: torch.Tensor) -> None:
+        """Append the rows' values back to back and point `rows` at them.
 
         Args:
             rows: int64 [B] row indexes (distinct).
-            flat: [T] values, T = lengths.sum().
+            source: a flat [T] tensor, or anything with `numel` and `copy_into(out)` (T = lengths.sum()).
             lengths: int64 [B].
             ready: bool [capacity] this column's ready bits before the write (for garbage accounting).
         """
-        total = flat.numel()
+        total = source.numel() if isinstance(source, torch.Tensor) else source.numel
         self.live -= int(self.lengths[rows][ready[rows]].sum())
         if self.used + total > self.buffer.numel():
             self._make_room(total, ready, rows)
         starts = self.used + torch.cumsum(lengths, 0) - lengths
-        self.buffer.narrow(0, self.used, total).copy_(flat)
+        target = self.buffer.narrow(0, self.used, total)
+        if isinstance(source, torch.Tensor):
+            target.copy_(source)
+        else:
+            source.copy_into(target)
         self.offsets[rows] = starts
         self.lengths[rows] = lengths
         self.used += total

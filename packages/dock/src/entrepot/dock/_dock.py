@@ -221,20 +221,20 @@ class ExperienceDock:
             want, got = ("one scalar per row", "sequences") if scalar else ("sequences", "one scalar per row")
             raise ColumnLayoutError(name, f"the column stores {want}, got {got}")
         dtype = store.dtype if store is not None else spec.dtype
-        if dtype is not None and not is_lossless(column.flat.dtype, dtype):
-            raise LossyDtypeError(name, str(column.flat.dtype), str(dtype))
+        if dtype is not None and not is_lossless(column.dtype, dtype):
+            raise LossyDtypeError(name, str(column.dtype), str(dtype))
 
     def _write(self, name: str, rows: torch.Tensor, column: ColumnData) -> None:
         store = self._stores[name]
         if store is None:
-            spec = ColumnSpec(self._specs[name].dtype or column.flat.dtype, column.scalar)
+            spec = ColumnSpec(self._specs[name].dtype or column.dtype, column.scalar)
             store = self._stores[name] = self._make_store(spec)
         c = self._column_index[name]
         if isinstance(store, ScalarColumn):
             store.write(rows, column.flat)
         else:
             assert column.lengths is not None and isinstance(store, SequenceColumn)  # checked above
-            store.write(rows, column.flat, column.lengths, self._ready[c])
+            store.write(rows, column, column.lengths, self._ready[c])
         self._ready[c, rows] = True
 
     # ------------------------------------------------------------------ get
@@ -286,7 +286,9 @@ class ExperienceDock:
         taken = self._take(consumer, columns, count, indexes, min_count, timeout, groups, sampler, num_ranks)
         if taken is None:
             return None
-        return build_batch(taken.rows, taken.gather(), taken.ages, layout, pad_value, pad_multiple)
+        return build_batch(
+            taken.rows, taken.gather(as_views=layout == "padded"), taken.ages, layout, pad_value, pad_multiple
+        )
 
     def _take(
         self,
@@ -441,7 +443,9 @@ class ExperienceDock:
                 if missing.numel():
                     raise NotReadyError(name, int(rows[missing[0, 0]]))
             taken = self._snapshot(columns, rows)
-        return build_batch(taken.rows, taken.gather(), taken.ages, layout, pad_value, pad_multiple)
+        return build_batch(
+            taken.rows, taken.gather(as_views=layout == "padded"), taken.ages, layout, pad_value, pad_multiple
+        )
 
     # ------------------------------------------------------------ lifecycle
 

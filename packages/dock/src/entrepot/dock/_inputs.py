@@ -13,7 +13,6 @@ scalar columns.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,16 +26,56 @@ from entrepot.dock._errors import (
 )
 
 
-@dataclass
 class ColumnData:
-    """One column of a put, unpadded: flat [T] + lengths int64 [B], or values [B] with lengths None."""
+    """One column of a put, unpadded: B row tensors (or their flat concatenation) + lengths int64 [B],
+    or values [B] with lengths None.
 
-    flat: torch.Tensor
-    lengths: torch.Tensor | None
+    Rows given as views (of a padded tensor or a list) are copied once, straight into the store,
+    by `copy_into`; `flat` concatenates them only when a caller needs one tensor.
+    """
+
+    def __init__(
+        self,
+        flat: torch.Tensor | None,
+        lengths: torch.Tensor | None,
+        pieces: list[torch.Tensor] | None = None,
+    ) -> None:
+        self._flat = flat
+        self.lengths = lengths
+        self._pieces = pieces
 
     @property
     def scalar(self) -> bool:
         return self.lengths is None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        if self._flat is not None:
+            return self._flat.dtype
+        assert self._pieces  # a column of zero rows is built with a flat tensor
+        return self._pieces[0].dtype
+
+    @property
+    def numel(self) -> int:
+        if self._flat is not None:
+            return self._flat.numel()
+        assert self.lengths is not None
+        return int(self.lengths.sum())
+
+    @property
+    def flat(self) -> torch.Tensor:
+        if self._flat is None:
+            assert self._pieces is not None
+            self._flat = torch.cat(self._pieces)
+            self._pieces = None
+        return self._flat
+
+    def copy_into(self, out: torch.Tensor) -> None:
+        """Write the values back to back into `out` [numel] (converting to its dtype)."""
+        if self._pieces is not None:
+            torch.cat(self._pieces, out=out)
+        else:
+            out.copy_(self.flat)
 
 
 def as_index_tensor(indexes: Any, capacity: int) -> torch.Tensor:
@@ -88,7 +127,7 @@ def _from_list(column: str, items: Sequence[Any], scalar_hint: bool | None) -> C
     if len(dtypes) != 1:
         raise ColumnLayoutError(column, f"list items have different dtypes {sorted(map(str, dtypes))}")
     lengths = torch.tensor([t.numel() for t in tensors], dtype=torch.int64)
-    return ColumnData(torch.cat(tensors), lengths)
+    return ColumnData(None, lengths, tensors)
 
 
 def _from_tensor(
@@ -119,8 +158,8 @@ def _from_tensor(
             column,
             f"row {row} has length {int(lens[row])} but the padded tensor is only {data.shape[1]} wide",
         )
-    mask = torch.arange(data.shape[1]) < lens[:, None]  # [B, L]
-    return ColumnData(data[mask], lens)  # boolean mask keeps row-major order: the valid tokens only
+    # Views of the valid part of each row: the store copies them once; the padding is never kept.
+    return ColumnData(None, lens, [row[:n] for row, n in zip(data.unbind(0), lens.tolist(), strict=True)])
 
 
 def normalize_column(
@@ -141,7 +180,7 @@ def normalize_column(
         out = _from_list(column, value, scalar_hint)
     else:
         raise ColumnLayoutError(column, f"cannot store a {type(value).__name__}; pass tensors (see put)")
-    rows = out.flat.numel() if out.lengths is None else out.lengths.numel()
+    rows = out.numel if out.lengths is None else out.lengths.numel()
     if rows != num_rows:
         raise RowCountMismatchError(column, num_rows, rows)
     return out

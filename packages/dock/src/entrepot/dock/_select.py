@@ -1,8 +1,9 @@
 """Row selection over ready/consumed bitmaps, chunk by chunk so a FIFO get stops early.
 
 A FIFO get scans from the consumer's watermark (its first row that may be unconsumed) in chunks
-of `CHUNK` rows and stops once it has enough rows, so its cost follows where the ready rows are,
-not the dock's capacity; every step is a vectorised bitmap operation, never a Python loop over rows.
+that start at `FIRST_CHUNK` rows and double, and stops once it has enough rows, so its cost follows
+where the ready rows are, not the dock's capacity (a scan that must cover everything takes
+O(log capacity) steps); every step is a vectorised bitmap operation, never a Python loop over rows.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from collections.abc import Callable
 
 import torch
 
-CHUNK = 1 << 16
+FIRST_CHUNK = 1 << 12
+CHUNK = 1 << 16  # watermark advance step
 
 # (lo, hi) -> bool [hi - lo]: which rows in [lo, hi) this get may take.
 AvailableFn = Callable[[int, int], torch.Tensor]
@@ -43,7 +45,9 @@ def scan(
     Returns:
         int64 [U] unit start rows in increasing order.
     """
-    step = max(group_size, (CHUNK // group_size) * group_size)
+    step = max(1, FIRST_CHUNK // group_size) * group_size
+    if stop_after is None:
+        step = capacity  # everything is needed anyway: one pass
     lo = (start // group_size) * group_size
     found: list[torch.Tensor] = []
     num_found = 0
@@ -55,6 +59,7 @@ def scan(
         if stop_after is not None and num_found >= stop_after:
             break
         lo = hi
+        step *= 2
     if not found:
         return torch.empty(0, dtype=torch.int64)
     return torch.cat(found)
@@ -68,12 +73,18 @@ def expand_units(unit_starts: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 def advance_watermark(consumed: torch.Tensor, watermark: int) -> int:
-    """First row at or after `watermark` that is not consumed (len(consumed) if none)."""
+    """First row at or after `watermark` that is not consumed (len(consumed) if none).
+
+    Looks in windows that start small and double, so the usual case (the next free row is near)
+    costs a few hundred elements whatever the capacity.
+    """
     capacity = consumed.numel()
+    step = 256
     while watermark < capacity:
-        hi = min(capacity, watermark + CHUNK)
+        hi = min(capacity, watermark + step)
         free = (~consumed[watermark:hi]).nonzero()
         if free.numel():
             return watermark + int(free[0, 0])
         watermark = hi
+        step = min(2 * step, CHUNK)
     return capacity

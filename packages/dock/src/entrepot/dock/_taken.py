@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -38,12 +39,16 @@ class Taken:
                 parts[name] = part[order]
         return Taken(self.rows[order], parts, self.ages[order])
 
-    def gather(self) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
-        """column -> (flat [T_c], lengths int64 [B]) for sequences, (values [B], None) for scalars."""
-        out: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
+    def gather(self, as_views: bool = False) -> dict[str, tuple[Any, torch.Tensor | None]]:
+        """column -> (flat [T_c], lengths int64 [B]) for sequences, (values [B], None) for scalars.
+
+        With `as_views`, sequences come as B views of the store's buffer instead of a flat copy
+        (for the padded layout, which then copies each row once, straight into the padded tensor).
+        """
+        out: dict[str, tuple[Any, torch.Tensor | None]] = {}
         for name, part in self.parts.items():
             if isinstance(part, SeqSnapshot):
-                out[name] = (part.gather(), part.lengths)
+                out[name] = (part.views() if as_views else part.gather(), part.lengths)
             else:
                 out[name] = (part, None)
         return out

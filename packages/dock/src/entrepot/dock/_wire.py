@@ -117,4 +117,5 @@ def decode(layout: WireLayout, buffer: torch.Tensor) -> tuple[torch.Tensor, Raw,
             raw[name] = (tensor, parts[f"l:{name}"])
         elif kind == "s":
             raw[name] = (tensor, None)
-    return parts["rows"], raw, parts["ages"]
+    empty = torch.empty(0, dtype=torch.int64)
+    return parts.get("rows", empty), raw, parts.get("ages", empty.int())

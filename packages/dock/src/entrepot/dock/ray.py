@@ -27,7 +27,7 @@ from entrepot.dock._batch import LAYOUTS, Batch, Layout, build_batch
 from entrepot.dock._dock import ExperienceDock
 from entrepot.dock._errors import InvalidArgumentError
 from entrepot.dock._inputs import normalize_put
-from entrepot.dock._wire import WireLayout, as_uint8, decode, encode, encode_taken
+from entrepot.dock._wire import WireLayout, as_uint8, decode, encode_taken, plan, views
 
 __all__ = ["DockActor", "RayDockClient"]
 
@@ -110,16 +110,22 @@ class RayDockClient:
         rows = torch.as_tensor(indexes).reshape(-1)
         data = dict(data.items())  # a TensorDict iterates over rows, not keys
         columns = normalize_put(data, lengths, rows.numel(), {})
-        tensors: dict[str, torch.Tensor] = {}
+        specs: list[tuple[str, torch.dtype, int]] = []
         for name, column in columns.items():
             if column.lengths is None:
-                tensors[f"s:{name}"] = column.flat
+                specs.append((f"s:{name}", column.dtype, column.numel))
             else:
-                tensors[f"d:{name}"] = column.flat
-                tensors[f"l:{name}"] = column.lengths
-        tensors["rows"] = torch.empty(0, dtype=torch.int64)
-        tensors["ages"] = torch.empty(0, dtype=torch.int32)
-        layout, buffer = encode(tensors)
+                specs += [
+                    (f"d:{name}", column.dtype, column.numel),
+                    (f"l:{name}", torch.int64, column.lengths.numel()),
+                ]
+        layout = plan(specs)
+        buffer = torch.empty(layout.nbytes, dtype=torch.uint8)
+        out = views(layout, buffer)
+        for name, column in columns.items():  # the caller's rows are copied once, into the wire buffer
+            column.copy_into(out[f"s:{name}" if column.lengths is None else f"d:{name}"])
+            if column.lengths is not None:
+                out[f"l:{name}"].copy_(column.lengths)
         done = None if completed is None else torch.as_tensor(completed, dtype=torch.bool)
         ray.get(self.actor.put_wire.remote(layout, buffer.numpy(), rows, done))
 

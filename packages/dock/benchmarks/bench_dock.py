@@ -1,0 +1,271 @@
+"""Benchmark: the GRPO experience flow through the dock vs the seed's TransferDock design.
+
+Workload: 1,024 prompts x 8 samples (8,192 rows); prompt 64-256 tokens, prompt + response uniform
+in 512-4,096 tokens. Phases in GRPO order, 256 rows per put, inputs padded as model outputs are:
+prompts (fan-out); responses + response_length + input_ids; ref and old log-probs (float32);
+advantages (float32). Then `actor_train` pulls 256-row padded batches of 7 columns until all
+consumed. Run against (a) the seed's design implemented literally (seed_baseline.py), (b) our
+ExperienceDock in-process, (c) the same through the Ray actor; then the per-call cost of `get` at
+1,000,000 rows capacity vs 8,192. GB/s counts valid (unpadded) bytes.
+
+    python bench_dock.py [--small] [--no-ray]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+sys.path.insert(0, str(Path(__file__).parent))
+from seed_baseline import SeedTransferDock
+
+from entrepot.dock import GRPO_COLUMNS, GRPO_CONSUMERS, GRPODock
+
+N_SAMPLES = 8
+CHUNK = 256
+TRAIN_COLUMNS = [
+    "input_ids",
+    "responses",
+    "prompt_length",
+    "response_length",
+    "old_log_prob",
+    "ref_log_prob",
+    "advantages",
+]
+
+
+@dataclass
+class Phase:
+    """One put call: column -> padded [B, L] (+ lengths) or scalar [B], for rows [start, start + B)."""
+
+    start: int
+    padded: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    scalars: dict[str, torch.Tensor]
+    nbytes: int  # valid bytes
+
+
+@dataclass
+class Workload:
+    prompts: list[torch.Tensor]
+    phases: list[Phase]
+    prompt_bytes: int
+
+
+def make_workload(num_prompts: int, seed: int = 0) -> Workload:
+    gen = torch.Generator().manual_seed(seed)
+    num_rows = num_prompts * N_SAMPLES
+    prompt_len = torch.randint(64, 257, (num_prompts,), generator=gen)
+    prompts = [torch.randint(0, 50_000, (int(n),), generator=gen) for n in prompt_len]
+    total_len = torch.randint(512, 4097, (num_rows,), generator=gen)
+    resp_len = total_len - prompt_len.repeat_interleave(N_SAMPLES)
+    phases: list[Phase] = []
+
+    def padded_of(lengths: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (lengths.numel(), int(lengths.max()))
+        if dtype.is_floating_point:
+            return torch.randn(shape, generator=gen).to(dtype), lengths
+        return torch.randint(0, 50_000, shape, generator=gen), lengths
+
+    def nbytes(lengths: torch.Tensor, dtype: torch.dtype) -> int:
+        return int(lengths.sum()) * torch.empty(0, dtype=dtype).element_size()
+
+    for start in range(0, num_rows, CHUNK):
+        rl, tl = resp_len[start : start + CHUNK], total_len[start : start + CHUNK]
+        phases.append(
+            Phase(
+                start,
+                {"responses": padded_of(rl, torch.int64), "input_ids": padded_of(tl, torch.int64)},
+                {"response_length": rl.clone()},
+                nbytes(rl, torch.int64) + nbytes(tl, torch.int64) + 8 * rl.numel(),
+            )
+        )
+    for column in ("ref_log_prob", "old_log_prob", "advantages"):
+        for start in range(0, num_rows, CHUNK):
+            rl = resp_len[start : start + CHUNK]
+            phases.append(Phase(start, {column: padded_of(rl, torch.float32)}, {}, nbytes(rl, torch.float32)))
+    prompt_bytes = int(prompt_len.sum()) * 8 * N_SAMPLES
+    return Workload(prompts, phases, prompt_bytes)
+
+
+@dataclass
+class Timings:
+    put_s: list[float] = field(default_factory=list)
+    get_s: list[float] = field(default_factory=list)
+    put_bytes: int = 0
+    get_bytes: int = 0
+    held_bytes: int = 0  # memory the store keeps alive once everything is put
+
+
+def timed(fn: Callable[[], Any], into: list[float]) -> Any:
+    start = time.perf_counter()
+    out = fn()
+    into.append(time.perf_counter() - start)
+    return out
+
+
+def run_ours(dock: Any, work: Workload, num_rows: int) -> Timings:
+    """GRPO phases and actor_train gets through a DockClient (in-process dock or Ray client)."""
+    t = Timings(put_bytes=work.prompt_bytes)
+    timed(lambda: dock.put_prompts(work.prompts, N_SAMPLES), t.put_s)
+    for phase in work.phases:
+        rows = torch.arange(phase.start, phase.start + CHUNK)
+        data: dict[str, Any] = {**{k: v for k, (v, _) in phase.padded.items()}, **phase.scalars}
+        lengths = {k: lens for k, (_, lens) in phase.padded.items()}
+        timed(lambda data=data, rows=rows, lengths=lengths: dock.put(data, rows, lengths=lengths), t.put_s)
+        t.put_bytes += phase.nbytes
+    t.held_bytes = int(dock.metrics()["dock/bytes_allocated"])
+    while True:
+        batch = timed(lambda: dock.get("actor_train", TRAIN_COLUMNS, CHUNK), t.get_s)
+        if batch is None:
+            t.get_s.pop()  # the final "all consumed" call moves no data
+            break
+        t.get_bytes += sum(
+            int(batch.lengths[c].sum()) * batch.data[c].element_size()
+            if c in batch.lengths
+            else batch.data[c].nbytes
+            for c in TRAIN_COLUMNS
+        )
+    assert t.get_bytes and len(t.get_s) == num_rows // CHUNK
+    return t
+
+
+def run_baseline(work: Workload, num_prompts: int, remote: bool = False) -> Timings:
+    """The same flow through the seed's design (its producers hand over padded TensorDicts).
+
+    With `remote`, the seed's dock runs as a Ray actor, as the seed deploys it (`.remote(...)`).
+    """
+    if remote:
+        import ray
+
+        dock: Any = _RemoteCalls(
+            ray.remote(SeedTransferDock)
+            .options(num_cpus=0.25)
+            .remote(num_prompts, N_SAMPLES, list(GRPO_COLUMNS), list(GRPO_CONSUMERS))
+        )
+        dock.all_consumed("actor_train")  # wait for the actor to start, not timed
+    else:
+        dock = SeedTransferDock(num_prompts, N_SAMPLES, list(GRPO_COLUMNS), list(GRPO_CONSUMERS))
+    t = Timings(put_bytes=work.prompt_bytes)
+    timed(lambda: dock.put_prompts_experience(work.prompts), t.put_s)
+    for phase in work.phases:
+        entries: dict[str, torch.Tensor] = {}
+        for key, (padded, lengths) in phase.padded.items():
+            entries[key], entries[f"{key}__length"] = padded, lengths
+        for key, values in phase.scalars.items():
+            entries[key], entries[f"{key}__length"] = values[:, None], torch.ones_like(values)
+        data = TensorDict(entries, batch_size=[CHUNK])
+        indexes = list(range(phase.start, phase.start + CHUNK))
+        timed(lambda data=data, indexes=indexes: dock.put_experience(data, indexes), t.put_s)
+        t.put_bytes += phase.nbytes
+    t.held_bytes = dock.held_bytes()
+    while not dock.all_consumed("actor_train"):
+        batch, _ = timed(lambda: dock.get_experience("actor_train", TRAIN_COLUMNS, CHUNK), t.get_s)
+        t.get_bytes += sum(int(batch[f"{c}__length"].sum()) * batch[c].element_size() for c in TRAIN_COLUMNS)
+    return t
+
+
+class _RemoteCalls:
+    """Blocking method calls on a Ray actor handle (ray.get(handle.method.remote(...)))."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        import ray
+
+        method = getattr(self.handle, name)
+        return lambda *args, **kwargs: ray.get(method.remote(*args, **kwargs))
+
+
+def tiny_get_cost(dock: GRPODock, calls: int = 64) -> float:
+    """Median seconds of an 8-row, 1-scalar-column get (selection overhead, little data)."""
+    out: list[float] = []
+    for _ in range(calls):
+        timed(lambda: dock.get("grpo_metrics", ["response_length"], N_SAMPLES), out)
+    return statistics.median(out)
+
+
+def fmt_row(name: str, t: Timings, baseline_total: float | None) -> str:
+    """One table row; `vs base` is the baseline's put+get time over this one's (same deployment)."""
+    put_total, get_total = sum(t.put_s), sum(t.get_s)
+    total = put_total + get_total
+    ratio = f"{baseline_total / total:7.1f}x" if baseline_total else "      -"
+    put_p50, get_p50 = 1e3 * statistics.median(t.put_s), 1e3 * statistics.median(t.get_s)
+    return (
+        f"| {name:<26} | {put_total:7.3f} | {put_p50:7.2f} | {1e3 * max(t.put_s):7.2f} "
+        f"| {t.put_bytes / put_total / 1e9:6.2f} | {get_total:7.3f} | {get_p50:7.2f} "
+        f"| {1e3 * max(t.get_s):7.2f} | {t.get_bytes / get_total / 1e9:6.2f} | {total:7.3f} | {ratio} "
+        f"| {t.held_bytes / 1e6:8.0f} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--small", action="store_true", help="128 prompts instead of 1,024 (a quick check)")
+    parser.add_argument("--no-ray", action="store_true", help="skip the Ray actor run")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    num_prompts = 128 if args.small else 1024
+    num_rows = num_prompts * N_SAMPLES
+    work = make_workload(num_prompts)
+    puts = len(work.phases) + 1
+    print(f"workload: {num_prompts} prompts x {N_SAMPLES} samples = {num_rows} rows, {puts} puts")
+
+    baseline = run_baseline(work, num_prompts)
+    base_total = sum(baseline.put_s) + sum(baseline.get_s)
+    small_dock = GRPODock(num_prompts, N_SAMPLES)
+    ours = run_ours(small_dock, work, num_rows)
+    rows = [
+        fmt_row("seed design, in-process", baseline, None),
+        fmt_row("ExperienceDock in-process", ours, base_total),
+    ]
+    if not args.no_ray:
+        import ray
+
+        from entrepot.dock.ray import RayDockClient
+
+        ray.init(num_cpus=2, object_store_memory=1 << 30, include_dashboard=False, log_to_driver=False)
+        remote_base = run_baseline(work, num_prompts, remote=True)
+        remote_total = sum(remote_base.put_s) + sum(remote_base.get_s)
+        client = RayDockClient.launch(GRPODock, prompts_num=num_prompts, n_samples_per_prompt=N_SAMPLES)
+        client.reset()  # waits for the actor to start, not timed
+        rows.append(fmt_row("seed design, Ray actor", remote_base, None))
+        rows.append(fmt_row("ExperienceDock Ray actor", run_ours(client, work, num_rows), remote_total))
+        ray.shutdown()
+
+    header = (
+        "| implementation             | put s   | p50 ms  | max ms  | GB/s   | get s   | p50 ms  | max ms  "
+        "| GB/s   | total s | vs base | held MB  |"
+    )
+    print(header)
+    print("|" + "|".join("-" * (len(cell)) for cell in header.split("|")[1:-1]) + "|")
+    print("\n".join(rows))
+
+    big_dock = GRPODock(1_000_000 // N_SAMPLES, N_SAMPLES)
+    big = run_ours(big_dock, work, num_rows)
+    small_tiny, big_tiny = tiny_get_cost(small_dock), tiny_get_cost(big_dock)
+    small_get, big_get = statistics.median(ours.get_s), statistics.median(big.get_s)
+    print()
+    print("| get per call (p50)                | capacity 8,192-class | capacity 1,000,000 | ratio |")
+    print("|-----------------------------------|----------------------|--------------------|-------|")
+    print(
+        f"| 256 rows x 7 columns (actor_train) | {1e3 * small_get:17.2f} ms | {1e3 * big_get:15.2f} ms "
+        f"| {big_get / small_get:5.2f} |"
+    )
+    print(
+        f"| 8 rows x 1 scalar column           | {1e6 * small_tiny:17.1f} us | {1e6 * big_tiny:15.1f} us "
+        f"| {big_tiny / small_tiny:5.2f} |"
+    )
+
+
+if __name__ == "__main__":
+    main()
