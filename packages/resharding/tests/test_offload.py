@@ -20,7 +20,7 @@ def _model() -> nn.Module:
 
 def _step(model: nn.Module, optimizer: torch.optim.Optimizer, seed: int) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, 11, (4, 5), generator=generator)
+    tokens = torch.randint(0, 11, (4, 5), generator=generator).to(next(model.parameters()).device)
     optimizer.zero_grad(set_to_none=False)
     loss = nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
     loss.backward()
@@ -134,3 +134,24 @@ def test_double_offload_and_stray_onload_raise() -> None:
     assert offloader.is_offloaded("params") and not offloader.is_offloaded("grads")
     with pytest.raises(OffloadStateError, match="already offloaded"):
         offloader.offload_params()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_offload_frees_allocator_memory_and_restores_bits() -> None:
+    model = _model().cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    _step(model, optimizer, seed=1)  # grads and optimizer state on the device
+    before = [t.cpu() for t in _snapshot(model, optimizer)]
+    offloader = Offloader(model, optimizer)
+    allocated = torch.cuda.memory_allocated()
+
+    freed = offloader.offload_params() + offloader.offload_optimizer() + offloader.offload_grads()
+
+    assert allocated - torch.cuda.memory_allocated() >= freed > 0
+    assert offloader.resident_bytes() == 0
+    offloader.onload_params()
+    offloader.onload_optimizer()
+    offloader.onload_grads()
+    after = [t.cpu() for t in _snapshot(model, optimizer)]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
