@@ -44,3 +44,5 @@ def test_ranks_agree_on_micro_batch_count_over_gloo() -> None:
         assert sorted(i for part in result["micro_batches"] for i in part) == list(range(len(lengths)))
         assert max(result["token_counts"]) <= budget
         assert all(result["micro_batches"])  # rank 0 split its work rather than idling
+    assert results[0]["idle_micro_batches"] == [[], [], [], []]
+    assert len(results[1]["idle_micro_batches"]) == 4

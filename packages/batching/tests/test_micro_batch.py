@@ -105,3 +105,13 @@ def test_errors() -> None:
     plan = plan_micro_batches([3, 4], 10)
     with pytest.raises(LengthMismatchError, match="batch has 3 rows"):
         plan.split(torch.zeros(3))
+
+
+def test_splitting_to_an_agreed_count_keeps_every_index_and_the_cap() -> None:
+    from entrepot.batching._micro_batch import _at_least
+
+    parts = _at_least([[0, 1, 2, 3], [4], [5, 6]], 6)
+    assert len(parts) == 6
+    assert sorted(i for p in parts for i in p) == list(range(7))
+    assert sum(1 for p in parts if not p) == 0
+    assert _at_least([[0], [1]], 4) == [[0], [1], [], []]  # fewer sequences than micro-batches

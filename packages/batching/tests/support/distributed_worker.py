@@ -22,12 +22,15 @@ def main() -> None:
     try:
         plan = plan_micro_batches(lengths, budget, group=dist.group.WORLD)
         local = plan_micro_batches(lengths, budget)
+        # Rank 0 with nothing to do still runs as many (empty) micro-batches as rank 1.
+        idle = plan_micro_batches([] if rank == 0 else lengths, budget, group=dist.group.WORLD)
         print(
             json.dumps(
                 {
                     "micro_batches": plan.micro_batches,
                     "token_counts": plan.token_counts,
                     "local_count": local.num_micro_batches,
+                    "idle_micro_batches": idle.micro_batches,
                 }
             )
         )
