@@ -52,3 +52,17 @@ def test_live_display_shows_latest_metrics_and_last_accuracy() -> None:
     assert "0.350" in text  # the latest reward (7/20)
     assert "eval accuracy" in text and "0.250" in text  # the accuracy of step 5 stays shown at step 7
     assert "rollout 300ms" in text
+
+
+def test_summary_reports_when_accuracy_first_reached_the_target(tmp_path: Path) -> None:
+    from entrepot.cli._report import print_summary
+    from entrepot.grpo import TrainResult
+
+    out = io.StringIO()
+    ckpt = tmp_path / "ckpt"
+    result = TrainResult(run_dir=tmp_path, steps=20, final_metrics=_rows(20)[-1], checkpoint=ckpt)
+    print_summary(Console(file=out, width=120), result, _rows(20), tmp_path, tmp_path / "curves.png", 12.0)
+    text = out.getvalue()
+    assert "step 20 (10.0 s)" in text  # accuracy 0.25, 0.5, 0.75, 1.0 at steps 5..20; 0.5 s per step
+    assert "training time (all steps)" in text and "10.0 s" in text
+    assert str(tmp_path / "ckpt") in text

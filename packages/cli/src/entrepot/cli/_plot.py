@@ -1,4 +1,4 @@
-"""The end-of-run PNG: reward and accuracy over steps (left) and over wall time (right)."""
+"""The end-of-run PNG: reward and accuracy over steps (left) and over training time (right)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def plot_curves(records: Sequence[dict[str, Any]], path: Path, title: str) -> Pa
         by_step.plot(steps, values, style, label=label, markersize=3)
         by_time.plot(times, values, style, label=label, markersize=3)
     by_step.set_xlabel("step")
-    by_time.set_xlabel("wall time (s)")
+    by_time.set_xlabel("training time (s): sum of step and eval times")
     by_step.set_ylabel("value")
     for axis in (by_step, by_time):
         axis.grid(alpha=0.3)

@@ -15,6 +15,9 @@ if TYPE_CHECKING:
     from entrepot.grpo import TrainResult
 
 
+REACHED = 0.9  # the summary says when greedy accuracy first reached this
+
+
 def write_plot(records: Sequence[dict[str, Any]], run_dir: Path, title: str) -> Path | None:
     """Plot reward and accuracy into `run_dir/curves.png`; None when no step finished."""
     if not records:
@@ -33,6 +36,15 @@ def _last(records: Sequence[dict[str, Any]], key: str) -> float | None:
 def _best(records: Sequence[dict[str, Any]], key: str) -> float | None:
     values = [v for v in (m.number(r, key) for r in records) if v is not None]
     return max(values) if values else None
+
+
+def _first_reaching(records: Sequence[dict[str, Any]], key: str, threshold: float) -> str:
+    """'step N (T s)' of the first record whose `key` is >= threshold, else '-'."""
+    for record in m.with_elapsed(list(records)):
+        value = m.number(record, key)
+        if value is not None and value >= threshold:
+            return f"step {int(record[m.STEP])} ({record[m.ELAPSED]:.1f} s)"
+    return "-"
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -57,6 +69,7 @@ def print_summary(
     table.add_row("final reward (mean)", _fmt(_last(records, m.REWARD)))
     table.add_row("final accuracy", _fmt(_last(records, m.ACCURACY)))
     table.add_row("best accuracy", _fmt(_best(records, m.ACCURACY)))
+    table.add_row(f"first accuracy >= {REACHED}", _first_reaching(records, m.ACCURACY, REACHED))
     table.add_row(
         "training time (all steps)",
         f"{m.with_elapsed(list(records))[-1][m.ELAPSED]:.1f} s" if records else "-",
