@@ -112,3 +112,14 @@ def test_load_state_rejects_a_different_dock():
     other = ExperienceDock(16, columns=["ids", "lp", "s"], consumers=["a", "b"])
     with pytest.raises(DockConfigError, match="capacity=32"):
         other.load_state_dict(state)
+
+
+def test_clear_recycles_memory_between_iterations(dock, make_rows):
+    sizes = []
+    for round_ in range(4):
+        dock.put({"tokens": make_rows([100] * 8, start=round_)}, range(8))
+        batch = dock.get("ref", ["tokens"], 8, layout="packed")
+        assert torch.equal(batch.data["tokens"], torch.cat(make_rows([100] * 8, start=round_)))
+        sizes.append(dock.metrics()["dock/bytes_allocated"])
+        dock.clear()
+    assert sizes[1:] == [sizes[0]] * 3

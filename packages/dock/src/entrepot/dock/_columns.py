@@ -1,20 +1,24 @@
-"""Per-column storage: one flat buffer per column, rows addressed by (offset, length).
+"""Per-column storage: flat append-only segments per column, rows addressed by (offset, length).
 
-Layout (one `_SequenceColumn` per variable-length column):
+Layout (one `SequenceColumn` per variable-length column):
 
-    buffer   [N]         the column's dtype; the valid tokens of every row written, back to back
-    offsets  [capacity]  int64; where row r starts in `buffer`
-    lengths  [capacity]  int64; how many elements row r has
+    segments [S] x [N_s]  the column's dtype; the valid elements of every row written, back to back
+    bases    [S]          where segment s starts in one virtual address space (gaps between segments)
+    offsets  [capacity]   int64; where row r starts in that address space
+    lengths  [capacity]   int64; how many elements row r has
 
-A write appends the rows of one put to the end of `buffer` (one copy, rows stay contiguous, so a
-later get of consecutive rows is one memcpy); a rewritten row leaves garbage behind, which is
-dropped by compaction when the buffer would otherwise grow. Existing bytes are never modified in
-place: a reader that took a snapshot (buffer reference + offsets) under the dock lock can copy out
-after releasing the lock, concurrently with puts. Scalar columns are one dense [capacity] tensor.
+A write appends the rows of one put to the end of the last segment (one copy; the rows of a put
+stay adjacent, so a later get of consecutive rows is one memcpy). When it does not fit, a new
+segment is added (as large as everything so far: geometric growth with no copy of old data) or,
+when at least half of what is allocated is garbage from rewritten or cleared rows, the live rows are
+compacted into one fresh segment. Existing bytes are never modified: a reader that took a snapshot
+(segments + offsets) under the dock lock copies out after releasing it, concurrently with puts.
+Scalar columns are one dense [capacity] tensor.
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -66,72 +70,84 @@ def is_lossless(src: torch.dtype, dst: torch.dtype) -> bool:
 
 @dataclass
 class SeqSnapshot:
-    """What a reader needs to copy rows out after releasing the dock lock (buffers are append-only)."""
+    """What a reader needs to copy rows out after releasing the dock lock (segments are append-only)."""
 
-    buffer: torch.Tensor  # [N] the column's buffer at snapshot time
-    offsets: torch.Tensor  # int64 [B]
+    segments: list[torch.Tensor]  # the column's segments at snapshot time
+    bases: list[int]  # their start addresses
+    offsets: torch.Tensor  # int64 [B] row start addresses
     lengths: torch.Tensor  # int64 [B]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.segments[0].dtype
 
     @property
     def numel(self) -> int:
         return int(self.lengths.sum())
 
-    def _runs(self) -> tuple[list[int], list[int], list[int]]:
-        """Runs of rows adjacent in the buffer: (buffer start, elements, rows) per run."""
+    def _runs(self) -> list[tuple[torch.Tensor, int, int]]:
+        """Runs of rows adjacent in one segment: (segment view of the run, first row, rows) per run."""
         offsets, lengths = self.offsets, self.lengths
+        if offsets.numel() == 0:
+            return []
+        # A run continues while the next row starts where this one ends (rows put together are adjacent;
+        # segments are separated by a gap, so a run never crosses two).
         breaks = (offsets[1:] != offsets[:-1] + lengths[:-1]).nonzero().squeeze(1) + 1
         starts = torch.cat([torch.zeros(1, dtype=torch.int64), breaks])
         ends = torch.cat([breaks, torch.tensor([offsets.numel()])])
         run_elems = torch.cumsum(lengths, 0)
-        run_lengths = run_elems[ends - 1] - torch.where(starts > 0, run_elems[starts - 1], 0)
-        return offsets[starts].tolist(), run_lengths.tolist(), (ends - starts).tolist()
+        run_sizes = run_elems[ends - 1] - torch.where(starts > 0, run_elems[starts - 1], 0)
+        runs = []
+        for first, start, size, num_rows in zip(
+            starts.tolist(),
+            offsets[starts].tolist(),
+            run_sizes.tolist(),
+            (ends - starts).tolist(),
+            strict=True,
+        ):
+            seg = bisect.bisect_right(self.bases, start) - 1
+            runs.append((self.segments[seg].narrow(0, start - self.bases[seg], size), first, num_rows))
+        return runs
 
     def views(self) -> list[torch.Tensor]:
-        """One view of the buffer per row (no copy), split run by run in C++."""
-        if self.offsets.numel() == 0:
-            return []
-        out: list[torch.Tensor] = []
+        """One view per row (no copy), split run by run in C++."""
         sizes = self.lengths.tolist()
-        first = 0
-        for start, size, num_rows in zip(*self._runs(), strict=True):
-            out.extend(torch.split(self.buffer.narrow(0, start, size), sizes[first : first + num_rows]))
-            first += num_rows
+        out: list[torch.Tensor] = []
+        for run, first, num_rows in self._runs():
+            out.extend(torch.split(run, sizes[first : first + num_rows]))
         return out
 
     def gather(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """Copy the rows into one flat tensor [sum(lengths)], one memcpy per run of adjacent rows."""
-        total = self.numel
         if out is None:
-            out = torch.empty(total, dtype=self.buffer.dtype)
-        if total == 0:
-            return out
-        # A run continues while the next row starts where this one ends (rows put together are adjacent).
-        starts, sizes, _ = self._runs()
+            out = torch.empty(self.numel, dtype=self.dtype)
         dst = 0
-        for start, size in zip(starts, sizes, strict=True):
-            out.narrow(0, dst, size).copy_(self.buffer.narrow(0, start, size))
-            dst += size
+        for run, _, _ in self._runs():
+            out.narrow(0, dst, run.numel()).copy_(run)
+            dst += run.numel()
         return out
 
 
 class SequenceColumn:
-    """A variable-length column: flat append-only buffer + per-row offsets and lengths."""
+    """A variable-length column: append-only segments + per-row offsets and lengths."""
 
     def __init__(self, capacity: int, dtype: torch.dtype) -> None:
         self.dtype = dtype
         self.offsets = torch.zeros(capacity, dtype=torch.int64)
         self.lengths = torch.zeros(capacity, dtype=torch.int64)
-        self.buffer = torch.empty(0, dtype=dtype)
-        self.used = 0  # elements of `buffer` written so far
-        self.live = 0  # elements that belong to ready rows (used - live is garbage)
+        self.segments: list[torch.Tensor] = [torch.empty(0, dtype=dtype)]
+        self.bases: list[int] = [0]
+        self.used = 0  # elements written into the last segment
+        self.allocated = 0  # elements over all segments
+        self.live = 0  # elements that belong to ready rows (allocated - live is garbage or free)
 
     @property
     def nbytes_live(self) -> int:
-        return self.live * self.buffer.element_size()
+        return self.live * self.segments[0].element_size()
 
     @property
     def nbytes_allocated(self) -> int:
-        return self.buffer.numel() * self.buffer.element_size()
+        return self.allocated * self.segments[0].element_size()
 
     def write(self, rows: torch.Tensor, source: Source, lengths: torch.Tensor, ready: torch.Tensor) -> None:
         """Append the rows' values back to back and point `rows` at them.
@@ -144,49 +160,66 @@ class SequenceColumn:
         """
         total = source.numel() if isinstance(source, torch.Tensor) else source.numel
         self.live -= int(self.lengths[rows][ready[rows]].sum())
-        if self.used + total > self.buffer.numel():
+        if self.used + total > self.segments[-1].numel():
             self._make_room(total, ready, rows)
-        starts = self.used + torch.cumsum(lengths, 0) - lengths
-        target = self.buffer.narrow(0, self.used, total)
+        target = self.segments[-1].narrow(0, self.used, total)
         if isinstance(source, torch.Tensor):
             target.copy_(source)
         else:
             source.copy_into(target)
-        self.offsets[rows] = starts
+        self.offsets[rows] = self.bases[-1] + self.used + torch.cumsum(lengths, 0) - lengths
         self.lengths[rows] = lengths
         self.used += total
         self.live += total
 
     def _make_room(self, incoming: int, ready: torch.Tensor, rows: torch.Tensor) -> None:
-        """Compact live rows into a new buffer, at least twice what is needed (amortised O(1) appends)."""
+        """A new segment: empty and as large as all so far, or holding the compacted live rows."""
+        if self.live >= self.allocated // 2:
+            size = max(_MIN_BUFFER, incoming, self.allocated)
+            self._add_segment(torch.empty(size, dtype=self.dtype))
+            self.used = 0
+            return
         keep = ready.clone()
         keep[rows] = False  # being rewritten
-        size = max(_MIN_BUFFER, 2 * (self.live + incoming), self.buffer.numel())
-        if self.live + incoming <= self.buffer.numel() // 2:
-            size = self.buffer.numel()  # enough garbage to reclaim: compact without growing
         kept = keep.nonzero().squeeze(1)
-        kept = kept[torch.argsort(self.offsets[kept], stable=True)]  # buffer order keeps runs adjacent
-        fresh = torch.empty(size, dtype=self.dtype)
-        snap = SeqSnapshot(self.buffer, self.offsets[kept], self.lengths[kept])
+        kept = kept[torch.argsort(self.offsets[kept], stable=True)]  # address order keeps runs adjacent
+        snap = self.snapshot(kept)
+        fresh = torch.empty(max(_MIN_BUFFER, 2 * (self.live + incoming)), dtype=self.dtype)
         snap.gather(out=fresh.narrow(0, 0, snap.numel))
-        self.offsets[kept] = torch.cumsum(snap.lengths, 0) - snap.lengths
-        self.buffer = fresh  # readers holding the old buffer keep it alive until they finish
+        base = self.bases[-1] + self.segments[-1].numel() + 1
+        self.offsets[kept] = base + torch.cumsum(snap.lengths, 0) - snap.lengths
+        # Readers holding the old segments keep them alive until they finish.
+        self.segments, self.bases, self.allocated = [fresh], [base], fresh.numel()
         self.used = snap.numel
 
+    def _add_segment(self, segment: torch.Tensor) -> None:
+        self.bases.append(self.bases[-1] + self.segments[-1].numel() + 1)  # +1: runs never span segments
+        self.segments.append(segment)
+        self.allocated += segment.numel()
+
     def snapshot(self, rows: torch.Tensor) -> SeqSnapshot:
-        return SeqSnapshot(self.buffer, self.offsets[rows], self.lengths[rows])
+        return SeqSnapshot(list(self.segments), list(self.bases), self.offsets[rows], self.lengths[rows])
 
     def forget(self, rows: torch.Tensor, ready: torch.Tensor) -> None:
         """Rows stop being ready: count their elements as garbage."""
         self.live -= int(self.lengths[rows][ready[rows]].sum())
         self.lengths[rows] = 0
 
-    def drop_all(self) -> None:
-        # A fresh buffer, never the old one: readers may still be copying out of it.
-        self.buffer = torch.empty(0, dtype=self.dtype)
+    def drop_all(self, reuse: bool) -> None:
+        """Forget every row. With `reuse` (no reader holds a snapshot) the memory is kept, as one
+        segment, for the next round of puts: no page faults on already-touched memory."""
         self.lengths.zero_()
-        self.used = 0
-        self.live = 0
+        self.used = self.live = 0
+        if reuse and len(self.segments) == 2 and self.bases[0] == 0 and self.segments[0].numel() == 0:
+            self.segments, self.bases = [self.segments[1]], [0]
+            return
+        if reuse and len(self.segments) == 1:
+            self.bases = [0]
+            return
+        # Several segments: one fresh one as large as all of them (reused from the next clear on).
+        # Without reuse, fresh memory: readers may still be copying out of the old segments.
+        size = self.allocated if reuse else 0
+        self.segments, self.bases, self.allocated = [torch.empty(size, dtype=self.dtype)], [0], size
 
 
 class ScalarColumn:

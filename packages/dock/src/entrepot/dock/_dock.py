@@ -132,6 +132,7 @@ class ExperienceDock:
         self._counts = {"puts": 0, "gets": 0, "rows_put": 0}
         self._rows_got = [0] * num_consumers
         self._wait_s = [0.0] * num_consumers
+        self._readers = 0  # gets copying out of snapshots right now
 
     def _make_store(self, spec: ColumnSpec) -> Store | None:
         if spec.dtype is None or spec.scalar is None:
@@ -286,9 +287,11 @@ class ExperienceDock:
         taken = self._take(consumer, columns, count, indexes, min_count, timeout, groups, sampler, num_ranks)
         if taken is None:
             return None
-        return build_batch(
-            taken.rows, taken.gather(as_views=layout == "padded"), taken.ages, layout, pad_value, pad_multiple
-        )
+        try:
+            raw = taken.gather(as_views=layout == "padded")
+            return build_batch(taken.rows, raw, taken.ages, layout, pad_value, pad_multiple)
+        finally:
+            self._done_reading()
 
     def _take(
         self,
@@ -330,8 +333,17 @@ class ExperienceDock:
             self._mark_consumed(k, picked)
             taken = self._snapshot(columns, picked)
         if sampler == "balanced" and rows is None:
-            taken = taken.reorder(balanced_order(taken.tokens_per_row(), num_ranks, group_size))
+            try:
+                taken = taken.reorder(balanced_order(taken.tokens_per_row(), num_ranks, group_size))
+            except BaseException:
+                self._done_reading()
+                raise
         return taken
+
+    def _done_reading(self) -> None:
+        """A reader finished copying out of its snapshot (see `_snapshot`)."""
+        with self._cond:
+            self._readers -= 1
 
     def _check_consumer(self, consumer: str) -> int:
         if consumer not in self._consumer_index:
@@ -416,6 +428,8 @@ class ExperienceDock:
             self._watermark[k] = advance_watermark(self._consumed[k], mark)
 
     def _snapshot(self, columns: Sequence[str], rows: torch.Tensor) -> Taken:
+        """What to copy out after the lock is released; the caller must call `_done_reading` after."""
+        self._readers += 1  # while > 0, clear() must not recycle segments
         parts: dict[str, Any] = {}
         for name in columns:
             store = self._stores[name]
@@ -443,9 +457,11 @@ class ExperienceDock:
                 if missing.numel():
                     raise NotReadyError(name, int(rows[missing[0, 0]]))
             taken = self._snapshot(columns, rows)
-        return build_batch(
-            taken.rows, taken.gather(as_views=layout == "padded"), taken.ages, layout, pad_value, pad_multiple
-        )
+        try:
+            raw = taken.gather(as_views=layout == "padded")
+            return build_batch(taken.rows, raw, taken.ages, layout, pad_value, pad_multiple)
+        finally:
+            self._done_reading()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -495,7 +511,7 @@ class ExperienceDock:
     def _drop_everything(self) -> None:
         for store in self._stores.values():
             if isinstance(store, SequenceColumn):
-                store.drop_all()
+                store.drop_all(reuse=self._readers == 0)
         self._ready.zero_()
         self._consumed.zero_()
         self._live.zero_()

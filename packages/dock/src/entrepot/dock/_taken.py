@@ -34,7 +34,7 @@ class Taken:
         parts: dict[str, SeqSnapshot | torch.Tensor] = {}
         for name, part in self.parts.items():
             if isinstance(part, SeqSnapshot):
-                parts[name] = SeqSnapshot(part.buffer, part.offsets[order], part.lengths[order])
+                parts[name] = SeqSnapshot(part.segments, part.bases, part.offsets[order], part.lengths[order])
             else:
                 parts[name] = part[order]
         return Taken(self.rows[order], parts, self.ages[order])

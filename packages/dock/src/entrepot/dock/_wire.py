@@ -75,7 +75,7 @@ def encode_taken(taken: Taken) -> tuple[WireLayout, torch.Tensor]:
     specs.append(("ages", torch.int32, taken.ages.numel()))
     for name, part in taken.parts.items():
         if isinstance(part, SeqSnapshot):
-            specs.append((f"d:{name}", part.buffer.dtype, part.numel))
+            specs.append((f"d:{name}", part.dtype, part.numel))
             specs.append((f"l:{name}", torch.int64, part.lengths.numel()))
         else:
             specs.append((f"s:{name}", part.dtype, part.numel()))

@@ -56,7 +56,10 @@ class DockActor:
         taken = self._dock._take(consumer, columns, count, **kwargs)
         if taken is None:
             return None
-        layout, buffer = encode_taken(taken)
+        try:
+            layout, buffer = encode_taken(taken)
+        finally:
+            self._dock._done_reading()
         return layout, buffer.numpy()
 
     @ray.method(concurrency_group="put")
