@@ -160,3 +160,14 @@ def test_torch_inference_engine_validates_before_copying() -> None:
     with pytest.raises(EngineError, match="unknown onload tags"):
         engine.onload(("optimizer",))
     assert set(INFERENCE_TAGS) == {"weights", "kv_cache"}
+
+
+def test_a_bare_adaptor_becomes_a_local_resharder() -> None:
+    model = _gpt2()
+    adaptor = get_adaptor("GPT2LMHeadModel", model.config)
+    manager = ShardingManager(
+        TorchTrainingEngine(model, adaptor), TorchInferenceEngine(_gpt2()), adaptor, Offloader(model)
+    )
+    assert isinstance(manager.resharder, LocalResharder) and manager.resharder.target == "infer"
+    weights = manager.resharder.reshard(manager.train_engine.named_train_parameters())
+    assert weights.keys() == adaptor.hf_to_infer(dict(model.named_parameters())).keys()

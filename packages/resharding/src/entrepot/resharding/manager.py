@@ -67,7 +67,8 @@ class ShardingManager:
     Args:
         train_engine: the training side (``TrainingEngine``).
         infer_engine: the inference side (``InferenceEngine``).
-        resharder: a ``Resharder`` (any TP/PP/EP) or a ``LocalResharder`` (TP=PP=EP=1); its
+        resharder: a ``Resharder`` (any TP/PP/EP), a ``LocalResharder`` (TP=PP=EP=1), or a
+            bare ``WeightAdaptor`` (wrapped in ``LocalResharder(adaptor)``); its
             buffers are destroyed as soon as the inference engine has loaded the weights.
         offloader: moves training params/grads/optimizer state to host; ``None`` keeps
             everything resident (then the ``offload_*`` flags must be off).
@@ -94,7 +95,7 @@ class ShardingManager:
         self,
         train_engine: TrainingEngine,
         infer_engine: InferenceEngine,
-        resharder: WeightResharder,
+        resharder: WeightResharder | Any,
         offloader: Offloader | None = None,
         *,
         offload_train_params: bool = True,
@@ -114,7 +115,10 @@ class ShardingManager:
             )
         self.train_engine = train_engine
         self.infer_engine = infer_engine
-        self.resharder = resharder
+        # A bare weight adaptor means TP=PP=EP=1 everywhere: a local layout conversion.
+        self.resharder: WeightResharder = (
+            resharder if isinstance(resharder, WeightResharder) else LocalResharder(resharder)
+        )
         self.offloader = offloader
         self.offload_train_params = offload_train_params
         self.offload_grads = offload_grads
