@@ -62,8 +62,11 @@ def test_two_data_parallel_ranks_stay_in_sync(ray_session, tmp_path: Path) -> No
         trainer.train_step()
         trainer.train_step()
         rank0, rank1 = trainer.parameters(0), trainer.parameters(1)
+        infos = trainer._all(trainer.actors, "runtime_info")
     finally:
         trainer.close()
+    assert {i["omp_wait_policy"] for i in infos} == {"PASSIVE"}  # set before torch loaded in the worker
+    assert {i["torch_threads"] for i in infos} == {1} and infos[0]["pid"] != infos[1]["pid"]
     for name, value in rank0.items():
         assert torch.equal(value, rank1[name]), name  # averaged gradients keep replicas identical
         assert not torch.equal(value, before[name]), name  # every trainable parameter moved
@@ -98,3 +101,17 @@ def test_evaluate_a_run_directory(tmp_path: Path) -> None:
     train(config, tmp_path / "run")
     result = evaluate(tmp_path / "run", num_prompts=16)
     assert 0.0 <= result["accuracy"] <= 1.0 and result["step"] == 1.0
+
+
+def test_ctrl_c_saves_a_checkpoint_and_returns(tmp_path: Path) -> None:
+    config = load_config(None, [*SMALL, "max_steps=10", "eval.every=0", "resources.use_ray=false",
+                                "rollout.prompts_per_step=4", "checkpoint.save_every=0"])  # fmt: skip
+
+    def interrupt_at_two(metrics: dict) -> None:  # type: ignore[type-arg]
+        if metrics["step"] == 2:
+            raise KeyboardInterrupt
+
+    result = train(config, tmp_path / "run", on_step=interrupt_at_two)
+    assert result.interrupted and result.steps == 2
+    assert result.checkpoint is not None and result.checkpoint.name == "step_000002"
+    assert (result.checkpoint / "model.safetensors").is_file()

@@ -55,13 +55,13 @@ def train(
     start = time.perf_counter()
     trainer = Trainer(config, run, resume=resume)
     interrupted = False
-    history: list[dict[str, Any]] = []
     try:
-        history = trainer.fit(on_step=on_step)
+        trainer.fit(on_step=on_step)
     except KeyboardInterrupt:
         interrupted = True
     finally:
         trainer.close()
+    history = trainer.history
     return TrainResult(
         run_dir=run,
         steps=trainer.step,

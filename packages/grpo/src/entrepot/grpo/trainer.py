@@ -75,7 +75,11 @@ class Trainer:
                 )
             from entrepot.dock.ray import RayDockClient
 
-            opts = {"num_cpus": config.resources.num_cpus_per_worker}
+            # env_vars reach the worker before it imports torch (OMP_WAIT_POLICY is read at load time)
+            opts = {
+                "num_cpus": config.resources.num_cpus_per_worker,
+                "runtime_env": {"env_vars": worker_env(config.threads)},
+            }
             self.dock: Any = RayDockClient.launch(GRPODock, num_cpus=0, **dock_args)
             self.actors = [
                 ray.remote(ActorWorker).options(**opts).remote(cfg_dict, rank, world, dist_init)
@@ -91,6 +95,7 @@ class Trainer:
             self.rewarders = [RewardWorker(cfg_dict)]
         self.setup = build_task(config, self._tokenizer())
         self.step = 0
+        self.history: list[dict[str, Any]] = []  # this session's steps (kept when interrupted)
         self.metrics = MetricsWriter(self.run_dir, config.logging)
         if resume:
             self._resume()
@@ -126,7 +131,7 @@ class Trainer:
 
     def fit(self, on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
         """Run steps until `max_steps` (or the target accuracy); checkpoint on Ctrl-C and re-raise."""
-        history: list[dict[str, Any]] = []
+        history = self.history
         try:
             while self.step < self.config.max_steps:
                 metrics = self.train_step()

@@ -282,6 +282,16 @@ class ActorWorker:
         """A copy of every trainable parameter (tests compare runs bit for bit)."""
         return {n: p.detach().clone() for n, p in self.model.named_parameters()}
 
+    def runtime_info(self) -> dict[str, Any]:
+        """Thread settings as this process sees them (tests check the Ray workers)."""
+        import os
+
+        return {
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "torch_threads": torch.get_num_threads(),
+            "pid": os.getpid(),
+        }
+
     def shutdown(self) -> None:
         if self.world_size > 1:
             import torch.distributed as dist
