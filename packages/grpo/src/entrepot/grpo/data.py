@@ -71,12 +71,15 @@ class FileDataset:
             train, held_out = train[: len(train) - cut], train[len(train) - cut :] or train
         self.train, self._held_out = train, held_out
         self.seed, self.shuffle = seed, shuffle
+        self._epoch_order: tuple[int, list[int]] = (-1, [])
 
     def _order(self, epoch: int) -> list[int]:
-        order = list(range(len(self.train)))
-        if self.shuffle:
-            random.Random(self.seed * 7919 + epoch).shuffle(order)
-        return order
+        if self._epoch_order[0] != epoch:  # one permutation per epoch, computed once
+            order = list(range(len(self.train)))
+            if self.shuffle:
+                random.Random(self.seed * 7919 + epoch).shuffle(order)
+            self._epoch_order = (epoch, order)
+        return self._epoch_order[1]
 
     def batch(self, position: int, count: int) -> list[Sample]:
         out = []

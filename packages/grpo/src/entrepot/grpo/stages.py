@@ -8,7 +8,7 @@ Shape legend: B = responses, L = padded prompt+response length, T = L - 1 (next-
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,13 +202,3 @@ def actor_update(
             for key, value in agg.items():
                 totals[key] = totals.get(key, 0.0) + value
     return {key: value / steps for key, value in totals.items()}
-
-
-def response_texts(tokenizer: Any, responses: Sequence[Sequence[int]]) -> list[str]:
-    """Decoded responses without special tokens."""
-    return [tokenizer.decode(list(r), skip_special_tokens=True) for r in responses]
-
-
-def summarize(values: Mapping[str, Sequence[float]]) -> dict[str, float]:
-    """Mean of each list (helper for metrics)."""
-    return {k: float(sum(v) / max(1, len(v))) for k, v in values.items()}

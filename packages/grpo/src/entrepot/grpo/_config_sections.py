@@ -1,0 +1,506 @@
+"""The GRPO configuration sections: kw_only dataclasses with help texts, validated on construction.
+
+`GRPOConfig()` is the embedded default: reverse an 8-digit string with a ~100k-parameter GPT-2-style
+decoder on CPU. A YAML file maps onto the same tree; dotted overrides (`algorithm.kl_coef=0.01`)
+apply on top. Unknown keys, wrong types and impossible combinations raise `GRPOConfigError`
+naming the dotted key, the value and what is allowed.
+
+This module imports no torch so that the CLI's `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from entrepot.grpo.errors import GRPOConfigError
+
+__all__ = [
+    "AlgorithmConfig",
+    "BatchingConfig",
+    "CheckpointConfig",
+    "DataConfig",
+    "EngineConfig",
+    "EvalConfig",
+    "GRPOConfig",
+    "LoggingConfig",
+    "ModelConfig",
+    "ResourcesConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "ThreadsConfig",
+]
+
+TaskName = Literal["reverse", "addition", "jsonl", "parquet"]
+KLKind = Literal["k1", "abs", "mse", "low_var_kl", "k3", "clamped"]
+LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+
+
+def _doc(text: str) -> dict[str, str]:
+    """Field metadata carrying the help text the CLI shows (`dataclasses.fields(cls)[i].metadata["help"]`)."""
+    return {"help": text}
+
+
+def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise GRPOConfigError(f"{key} ({value!r}) must be {allowed}")
+
+
+def _check_choice(key: str, value: Any, choices: Sequence[Any]) -> None:
+    _check(value in choices, key, value, "one of " + ", ".join(repr(c) for c in choices))
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """The policy model: a local HF model directory, or a GPT-2-style decoder built from this config."""
+
+    path: str | None = field(
+        default=None,
+        metadata=_doc(
+            "Local HF model directory (config, weights, tokenizer). None builds the GPT-2 decoder below."
+        ),
+    )
+    num_layers: int = field(default=2, metadata=_doc("Transformer blocks of the built decoder."))
+    hidden_size: int = field(default=64, metadata=_doc("Hidden width of the built decoder."))
+    num_heads: int = field(
+        default=4, metadata=_doc("Attention heads of the built decoder (must divide hidden_size).")
+    )
+    max_positions: int = field(
+        default=32, metadata=_doc("Learned absolute positions of the built decoder (prompt + response).")
+    )
+    init_std: float = field(default=0.02, metadata=_doc("Std of the normal init of the built decoder."))
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_size", "num_heads", "max_positions"):
+            _check(getattr(self, name) >= 1, f"model.{name}", getattr(self, name), ">= 1")
+        _check(
+            self.hidden_size % self.num_heads == 0,
+            "model.hidden_size",
+            self.hidden_size,
+            f"divisible by model.num_heads ({self.num_heads})",
+        )
+        _check(self.init_std > 0, "model.init_std", self.init_std, "> 0")
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """Where prompts come from: a built-in synthetic task or a local jsonl/parquet file."""
+
+    task: TaskName = field(
+        default="reverse",
+        metadata=_doc("reverse | addition (synthetic, built in) | jsonl | parquet (local files)."),
+    )
+    num_digits: int = field(default=8, metadata=_doc("Digits per operand of the synthetic tasks."))
+    train_path: str | None = field(
+        default=None, metadata=_doc("jsonl/parquet file with training prompts (tasks jsonl, parquet).")
+    )
+    eval_path: str | None = field(
+        default=None, metadata=_doc("jsonl/parquet file with held-out prompts; None holds out from train.")
+    )
+    prompt_field: str = field(default="prompt", metadata=_doc("Record field holding the prompt text."))
+    answer_field: str = field(default="answer", metadata=_doc("Record field holding the reference answer."))
+    apply_chat_template: bool = field(
+        default=True, metadata=_doc("Wrap prompts in the tokenizer's chat template when it has one.")
+    )
+    max_prompt_tokens: int = field(
+        default=256, metadata=_doc("Prompts longer than this are an error (never silently truncated).")
+    )
+    shuffle: bool = field(default=True, metadata=_doc("Shuffle the training prompts each epoch (seeded)."))
+
+    def __post_init__(self) -> None:
+        _check_choice("data.task", self.task, typing.get_args(TaskName))
+        _check(1 <= self.num_digits <= 32, "data.num_digits", self.num_digits, "between 1 and 32")
+        _check(self.max_prompt_tokens >= 1, "data.max_prompt_tokens", self.max_prompt_tokens, ">= 1")
+        if self.task in ("jsonl", "parquet"):
+            _check(
+                self.train_path is not None,
+                "data.train_path",
+                None,
+                f"a file path when data.task={self.task!r}",
+            )
+
+
+@dataclass(kw_only=True)
+class RolloutConfig:
+    """How many responses are sampled per step and how."""
+
+    prompts_per_step: int = field(default=32, metadata=_doc("Prompts drawn from the dataset each step."))
+    n_samples_per_prompt: int = field(
+        default=8, metadata=_doc("Responses sampled per prompt (the GRPO group size).")
+    )
+    temperature: float = field(default=1.0, metadata=_doc("Sampling temperature (> 0)."))
+    top_p: float = field(default=1.0, metadata=_doc("Nucleus sampling mass in (0, 1]; 1 disables."))
+    top_k: int = field(default=0, metadata=_doc("Keep the k most likely tokens; 0 disables."))
+    max_new_tokens: int | None = field(
+        default=None,
+        metadata=_doc(
+            "Response token budget; None = the fixed answer width of a synthetic task (64 for files)."
+        ),
+    )
+    stop_on_eos: bool = field(default=True, metadata=_doc("Stop a response at the tokenizer's EOS token."))
+
+    def __post_init__(self) -> None:
+        _check(self.prompts_per_step >= 1, "rollout.prompts_per_step", self.prompts_per_step, ">= 1")
+        _check(
+            self.n_samples_per_prompt >= 2,
+            "rollout.n_samples_per_prompt",
+            self.n_samples_per_prompt,
+            ">= 2 (group normalisation needs a group)",
+        )
+        _check(self.temperature > 0, "rollout.temperature", self.temperature, "> 0")
+        _check(0 < self.top_p <= 1, "rollout.top_p", self.top_p, "in (0, 1]")
+        _check(self.top_k >= 0, "rollout.top_k", self.top_k, ">= 0")
+        if self.max_new_tokens is not None:
+            _check(self.max_new_tokens >= 1, "rollout.max_new_tokens", self.max_new_tokens, ">= 1 or null")
+
+    @property
+    def batch_size(self) -> int:
+        """Responses per step: prompts_per_step x n_samples_per_prompt."""
+        return self.prompts_per_step * self.n_samples_per_prompt
+
+
+@dataclass(kw_only=True)
+class AlgorithmConfig:
+    """GRPO objective, optimiser and schedule."""
+
+    kl_coef: float = field(
+        default=0.04,
+        metadata=_doc("Weight of the KL penalty to the reference model; 0 skips the reference stage."),
+    )
+    kl_kind: KLKind = field(
+        default="low_var_kl", metadata=_doc("KL estimator: k1, abs, mse, low_var_kl (= k3), clamped.")
+    )
+    kl_in_reward: bool = field(
+        default=False, metadata=_doc("Subtract the KL from the reward instead of adding it to the loss.")
+    )
+    clip_low: float = field(default=0.2, metadata=_doc("PPO ratio clip below 1 (ratio >= 1 - clip_low)."))
+    clip_high: float = field(
+        default=0.2, metadata=_doc("PPO ratio clip above 1 (ratio <= 1 + clip_high; DAPO clip-higher).")
+    )
+    entropy_coef: float = field(
+        default=0.0, metadata=_doc("Entropy bonus weight (subtracted from the loss).")
+    )
+    loss_agg: LossAgg = field(
+        default="token-mean", metadata=_doc("token-mean | seq-mean-token-mean | seq-mean-token-sum.")
+    )
+    normalize_std: bool = field(
+        default=True, metadata=_doc("Divide group-centred rewards by the group std (False = Dr. GRPO).")
+    )
+    dynamic_sampling: bool = field(
+        default=False, metadata=_doc("Drop prompt groups whose rewards all agree (zero advantage).")
+    )
+    epochs: int = field(default=1, metadata=_doc("Passes of the actor update over each step's batch."))
+    mini_batch_size: int | None = field(
+        default=None,
+        metadata=_doc(
+            "Responses per optimiser step; None = the whole step batch. Multiple of n_samples_per_prompt."
+        ),
+    )
+    lr: float = field(default=1e-3, metadata=_doc("Adam learning rate."))
+    adam_betas: tuple[float, float] = field(default=(0.9, 0.999), metadata=_doc("Adam betas."))
+    weight_decay: float = field(default=0.0, metadata=_doc("AdamW weight decay."))
+    warmup_steps: int = field(default=0, metadata=_doc("Linear LR warm-up steps (0 = none)."))
+    lr_schedule: Literal["constant", "cosine"] = field(
+        default="constant", metadata=_doc("LR after warm-up: constant or cosine to 0.")
+    )
+    grad_clip: float | None = field(
+        default=1.0, metadata=_doc("Clip the global grad norm to this; None disables.")
+    )
+
+    def __post_init__(self) -> None:
+        _check(self.kl_coef >= 0, "algorithm.kl_coef", self.kl_coef, ">= 0")
+        _check_choice("algorithm.kl_kind", self.kl_kind, typing.get_args(KLKind))
+        _check_choice("algorithm.loss_agg", self.loss_agg, typing.get_args(LossAgg))
+        _check_choice("algorithm.lr_schedule", self.lr_schedule, ("constant", "cosine"))
+        _check(0 <= self.clip_low < 1, "algorithm.clip_low", self.clip_low, "in [0, 1)")
+        _check(self.clip_high >= 0, "algorithm.clip_high", self.clip_high, ">= 0")
+        _check(self.entropy_coef >= 0, "algorithm.entropy_coef", self.entropy_coef, ">= 0")
+        _check(self.epochs >= 1, "algorithm.epochs", self.epochs, ">= 1")
+        _check(self.lr > 0, "algorithm.lr", self.lr, "> 0")
+        _check(
+            len(self.adam_betas) == 2 and all(0 <= b < 1 for b in self.adam_betas),
+            "algorithm.adam_betas",
+            self.adam_betas,
+            "two numbers in [0, 1)",
+        )
+        _check(self.weight_decay >= 0, "algorithm.weight_decay", self.weight_decay, ">= 0")
+        _check(self.warmup_steps >= 0, "algorithm.warmup_steps", self.warmup_steps, ">= 0")
+        if self.grad_clip is not None:
+            _check(self.grad_clip > 0, "algorithm.grad_clip", self.grad_clip, "> 0 or null")
+        if self.mini_batch_size is not None:
+            _check(
+                self.mini_batch_size >= 1, "algorithm.mini_batch_size", self.mini_batch_size, ">= 1 or null"
+            )
+
+
+@dataclass(kw_only=True)
+class RewardConfig:
+    """Rule verifiers and their weights; user verifiers are imported by dotted path."""
+
+    verifiers: dict[str, float] = field(
+        default_factory=lambda: {"partial_credit": 1.0},
+        metadata=_doc(
+            "Verifier name -> weight. Built in: exact_match, gsm8k, boxed_math, format, partial_credit."
+        ),
+    )
+    custom: dict[str, str] = field(
+        default_factory=dict,
+        metadata=_doc(
+            "Extra verifiers to register: name -> 'package.module:function' (or 'package.module.function')."
+        ),
+    )
+    accuracy_verifier: str = field(
+        default="exact_match", metadata=_doc("Verifier whose score >= 1 counts as a correct answer.")
+    )
+
+
+@dataclass(kw_only=True)
+class EngineConfig:
+    """Which engines train and generate, on which device."""
+
+    train: Literal["torch", "megatron"] = field(
+        default="torch", metadata=_doc("Training engine: torch (embedded) or megatron (extra).")
+    )
+    rollout: Literal["torch", "vllm"] = field(
+        default="torch", metadata=_doc("Rollout engine: torch (embedded, KV cache) or vllm (extra).")
+    )
+    device: str = field(default="cpu", metadata=_doc("torch device of the workers: cpu, cuda, npu."))
+    offload_train_in_rollout: bool = field(
+        default=False, metadata=_doc("Offload training params/grads/optimizer while generating.")
+    )
+
+    def __post_init__(self) -> None:
+        _check_choice("engine.train", self.train, ("torch", "megatron"))
+        _check_choice("engine.rollout", self.rollout, ("torch", "vllm"))
+        _check(
+            self.device.split(":")[0] in ("cpu", "cuda", "npu"),
+            "engine.device",
+            self.device,
+            "cpu, cuda[:i] or npu[:i]",
+        )
+
+
+@dataclass(kw_only=True)
+class BatchingConfig:
+    """Micro-batching of the forward/backward passes (entrepot.batching)."""
+
+    remove_padding: bool = field(
+        default=False,
+        metadata=_doc(
+            "Pack valid tokens into one row (cu_seqlens) instead of padding. Pays off with varied lengths "
+            "and flash-attn on GPU; off by default: on CPU with the default's equal lengths it is slower."
+        ),
+    )
+    dynamic_batch_size: bool = field(
+        default=True, metadata=_doc("Form micro-batches under max_tokens_per_micro_batch.")
+    )
+    max_tokens_per_micro_batch: int = field(
+        default=8192, metadata=_doc("Token budget of a micro-batch (dynamic batch size).")
+    )
+    micro_batch_size: int = field(
+        default=64, metadata=_doc("Responses per micro-batch when dynamic_batch_size is off.")
+    )
+    dp_balance: bool = field(
+        default=True, metadata=_doc("Balance tokens across DP ranks (Karmarkar-Karp) when DP > 1.")
+    )
+
+    def __post_init__(self) -> None:
+        _check(
+            self.max_tokens_per_micro_batch >= 1,
+            "batching.max_tokens_per_micro_batch",
+            self.max_tokens_per_micro_batch,
+            ">= 1",
+        )
+        _check(self.micro_batch_size >= 1, "batching.micro_batch_size", self.micro_batch_size, ">= 1")
+
+
+@dataclass(kw_only=True)
+class ResourcesConfig:
+    """Workers and how they run."""
+
+    use_ray: bool = field(
+        default=True, metadata=_doc("Run dock, actor and reward workers as Ray actors (False = one process).")
+    )
+    ray_address: str | None = field(
+        default=None, metadata=_doc("Ray cluster address; None starts a local Ray.")
+    )
+    num_actor_workers: int = field(
+        default=1, metadata=_doc("Co-located actor workers (data parallel ranks).")
+    )
+    num_reward_workers: int = field(default=1, metadata=_doc("Rule-reward workers."))
+    blocking: bool = field(
+        default=True,
+        metadata=_doc("Run stages one after another; False lets stages overlap through the dock."),
+    )
+    num_cpus_per_worker: float = field(
+        default=0.01, metadata=_doc("Ray CPUs reserved per worker (fractional shares co-locate).")
+    )
+
+    def __post_init__(self) -> None:
+        _check(self.num_actor_workers >= 1, "resources.num_actor_workers", self.num_actor_workers, ">= 1")
+        _check(self.num_reward_workers >= 1, "resources.num_reward_workers", self.num_reward_workers, ">= 1")
+        _check(
+            self.num_cpus_per_worker >= 0, "resources.num_cpus_per_worker", self.num_cpus_per_worker, ">= 0"
+        )
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    """When to save (safetensors weights + JSON/torch state of optimizer, scheduler, RNG, data, dock)."""
+
+    save_every: int = field(
+        default=100, metadata=_doc("Save every N steps (0 = only at the end and on Ctrl-C).")
+    )
+    keep_last: int = field(
+        default=2, metadata=_doc("Checkpoints kept on disk (older ones are deleted); 0 keeps all.")
+    )
+
+    def __post_init__(self) -> None:
+        _check(self.save_every >= 0, "checkpoint.save_every", self.save_every, ">= 0")
+        _check(self.keep_last >= 0, "checkpoint.keep_last", self.keep_last, ">= 0")
+
+
+@dataclass(kw_only=True)
+class EvalConfig:
+    """Greedy evaluation on held-out prompts."""
+
+    every: int = field(default=10, metadata=_doc("Evaluate every N steps (0 = only at the end)."))
+    num_prompts: int = field(default=256, metadata=_doc("Held-out prompts per evaluation."))
+    target_accuracy: float | None = field(
+        default=None, metadata=_doc("Stop once greedy accuracy reaches this; None runs all steps.")
+    )
+
+    def __post_init__(self) -> None:
+        _check(self.every >= 0, "eval.every", self.every, ">= 0")
+        _check(self.num_prompts >= 1, "eval.num_prompts", self.num_prompts, ">= 1")
+        if self.target_accuracy is not None:
+            _check(0 < self.target_accuracy <= 1, "eval.target_accuracy", self.target_accuracy, "in (0, 1]")
+
+
+@dataclass(kw_only=True)
+class LoggingConfig:
+    """Where metrics go."""
+
+    metrics_file: str = field(
+        default="metrics.jsonl", metadata=_doc("JSON-lines metrics file inside the run directory.")
+    )
+    tensorboard: bool = field(
+        default=True, metadata=_doc("Also write TensorBoard scalars when tensorboard is installed.")
+    )
+
+
+@dataclass(kw_only=True)
+class ThreadsConfig:
+    """Thread counts of every torch process (OpenMP spinning made small jobs 5-10x slower here)."""
+
+    torch_threads: int = field(default=1, metadata=_doc("torch.set_num_threads in every process."))
+    interop_threads: int = field(
+        default=1, metadata=_doc("torch.set_num_interop_threads in every worker process.")
+    )
+    omp_wait_policy: Literal["PASSIVE", "ACTIVE"] = field(
+        default="PASSIVE", metadata=_doc("OMP_WAIT_POLICY set before torch loads.")
+    )
+
+    def __post_init__(self) -> None:
+        _check(self.torch_threads >= 1, "threads.torch_threads", self.torch_threads, ">= 1")
+        _check(self.interop_threads >= 1, "threads.interop_threads", self.interop_threads, ">= 1")
+        _check_choice("threads.omp_wait_policy", self.omp_wait_policy, ("PASSIVE", "ACTIVE"))
+
+
+@dataclass(kw_only=True)
+class GRPOConfig:
+    """The whole run. `GRPOConfig()` is the embedded default (reverse 8 digits on CPU)."""
+
+    name: str = field(
+        default="grpo-reverse", metadata=_doc("Run name (prefix of the run directory the CLI creates).")
+    )
+    seed: int = field(default=0, metadata=_doc("Seed of model init, data order and sampling."))
+    max_steps: int = field(default=300, metadata=_doc("GRPO steps to run."))
+    model: ModelConfig = field(default_factory=ModelConfig, metadata=_doc("Policy model."))
+    data: DataConfig = field(default_factory=DataConfig, metadata=_doc("Prompts and answers."))
+    rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata=_doc("Sampling."))
+    algorithm: AlgorithmConfig = field(
+        default_factory=AlgorithmConfig, metadata=_doc("Objective and optimiser.")
+    )
+    reward: RewardConfig = field(default_factory=RewardConfig, metadata=_doc("Rule verifiers."))
+    engine: EngineConfig = field(default_factory=EngineConfig, metadata=_doc("Engines and device."))
+    batching: BatchingConfig = field(default_factory=BatchingConfig, metadata=_doc("Micro-batching."))
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig, metadata=_doc("Workers."))
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata=_doc("Checkpoints."))
+    eval: EvalConfig = field(default_factory=EvalConfig, metadata=_doc("Evaluation."))
+    logging: LoggingConfig = field(default_factory=LoggingConfig, metadata=_doc("Metrics output."))
+    threads: ThreadsConfig = field(default_factory=ThreadsConfig, metadata=_doc("Threads per process."))
+
+    def __post_init__(self) -> None:
+        _check(self.max_steps >= 1, "max_steps", self.max_steps, ">= 1")
+        _check(bool(self.name) and "/" not in self.name, "name", self.name, "a non-empty name without '/'")
+        _check(
+            bool(self.reward.verifiers), "reward.verifiers", self.reward.verifiers, "at least one verifier"
+        )
+        self._check_batches()
+        self._check_workers()
+        self._check_positions()
+
+    def _check_batches(self) -> None:
+        batch = self.rollout.batch_size
+        n = self.rollout.n_samples_per_prompt
+        mini = self.algorithm.mini_batch_size
+        if mini is not None:
+            _check(
+                mini % n == 0 and batch % mini == 0,
+                "algorithm.mini_batch_size",
+                mini,
+                f"a multiple of rollout.n_samples_per_prompt ({n}) dividing the step batch "
+                f"(rollout.prompts_per_step x n_samples_per_prompt = {batch})",
+            )
+
+    def _check_workers(self) -> None:
+        workers = self.resources.num_actor_workers
+        _check(
+            self.rollout.prompts_per_step % workers == 0,
+            "rollout.prompts_per_step",
+            self.rollout.prompts_per_step,
+            f"divisible by resources.num_actor_workers ({workers}) so each DP rank gets whole groups",
+        )
+        _check(
+            self.resources.blocking or self.resources.use_ray,
+            "resources.blocking",
+            False,
+            "true when resources.use_ray is false (overlapping stages need Ray workers)",
+        )
+        rewarders = self.resources.num_reward_workers
+        _check(
+            self.rollout.prompts_per_step % rewarders == 0,
+            "rollout.prompts_per_step",
+            self.rollout.prompts_per_step,
+            f"divisible by resources.num_reward_workers ({rewarders})",
+        )
+        _check(
+            workers == 1 or self.resources.use_ray,
+            "resources.num_actor_workers",
+            workers,
+            "1 when resources.use_ray is false",
+        )
+        if self.engine.rollout == "vllm" or self.engine.train == "megatron":
+            _check(
+                self.resources.use_ray,
+                "resources.use_ray",
+                False,
+                "true when engine.train=megatron or engine.rollout=vllm",
+            )
+
+    def _check_positions(self) -> None:
+        """A synthetic prompt plus its response must fit the built decoder's learned positions."""
+        if self.data.task in ("reverse", "addition") and self.model.path is None:
+            digits, addition = self.data.num_digits, self.data.task == "addition"
+            answer = digits + 1 if addition else digits  # "a+b=" -> digits + 1 digits; "d=" -> reversed d
+            prompt = 2 * digits + 2 if addition else digits + 1
+            need = prompt + (self.rollout.max_new_tokens or answer)
+            _check(
+                need <= self.model.max_positions,
+                "model.max_positions",
+                self.model.max_positions,
+                f">= {need} (prompt + response tokens of data.task={self.data.task!r})",
+            )
