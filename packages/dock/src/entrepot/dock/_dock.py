@@ -23,7 +23,6 @@ from typing import Any, Literal
 
 import torch
 
-from entrepot.dock import _state
 from entrepot.dock._batch import LAYOUTS, Batch, Layout, build_batch
 from entrepot.dock._columns import ColumnSpec, ScalarColumn, SequenceColumn, is_lossless
 from entrepot.dock._errors import (
@@ -40,6 +39,7 @@ from entrepot.dock._errors import (
     UnknownConsumerError,
 )
 from entrepot.dock._inputs import ColumnData, as_index_tensor, normalize_put
+from entrepot.dock._lifecycle import DockLifecycle
 from entrepot.dock._sampling import balanced_order
 from entrepot.dock._select import advance_watermark, expand_units, scan
 from entrepot.dock._taken import Taken
@@ -49,7 +49,7 @@ SAMPLERS = ("fifo", "random", "balanced")
 Store = SequenceColumn | ScalarColumn
 
 
-class ExperienceDock:
+class ExperienceDock(DockLifecycle):
     """A fixed-capacity table of rows x columns with per-cell ready bits and per-consumer consumed bits.
 
     Args:
@@ -462,127 +462,3 @@ class ExperienceDock:
             return build_batch(taken.rows, raw, taken.ages, layout, pad_value, pad_multiple)
         finally:
             self._done_reading()
-
-    # ------------------------------------------------------------ lifecycle
-
-    def all_consumed(self, consumer: str) -> bool:
-        """True when `consumer` has received every row that holds data (vacuously True on an empty dock)."""
-        k = self._check_consumer(consumer)
-        with self._cond:
-            return self._num_consumed[k] == self._num_live
-
-    def progress(self, consumer: str) -> dict[str, int]:
-        """`consumed` and `live` row counts of one consumer (`live`: rows holding data)."""
-        k = self._check_consumer(consumer)
-        with self._cond:
-            return {"consumed": self._num_consumed[k], "live": self._num_live}
-
-    def clear(self, indexes: Sequence[int] | torch.Tensor | None = None) -> None:
-        """Empty rows: `indexes`, or every row (then, with partial rollout, unfinished groups stay).
-
-        Kept groups age by one and go back to the rollout consumer for their unfinished rows; every
-        other consumer sees them again once they complete.
-        """
-        rows = None if indexes is None else as_index_tensor(indexes, self.capacity)
-        with self._cond:
-            if rows is None:
-                keep = self._unfinished_groups()
-                if keep is None:
-                    self._drop_everything()
-                else:
-                    self._drop(self._live & ~keep)
-                    self._age_kept(keep)
-            else:
-                drop = torch.zeros(self.capacity, dtype=torch.bool)
-                drop[rows] = True
-                self._drop(drop & self._live)
-            self._recount()
-            self._cond.notify_all()
-
-    def _unfinished_groups(self) -> torch.Tensor | None:
-        """bool [R] rows of groups that hold an unfinished row, or None if there are none."""
-        if self.rollout_consumer is None:
-            return None
-        unfinished = (self._live & ~self._completed).view(-1, self.n_samples_per_prompt).any(1)
-        if not bool(unfinished.any()):
-            return None
-        return unfinished.repeat_interleave(self.n_samples_per_prompt)
-
-    def _drop_everything(self) -> None:
-        for store in self._stores.values():
-            if isinstance(store, SequenceColumn):
-                store.drop_all(reuse=self._readers == 0)
-        self._ready.zero_()
-        self._consumed.zero_()
-        self._live.zero_()
-        self._age.zero_()
-        self._completed.fill_(True)
-
-    def _drop(self, drop: torch.Tensor) -> None:
-        rows = drop.nonzero().squeeze(1)
-        for name, store in self._stores.items():
-            if isinstance(store, SequenceColumn):
-                store.forget(rows, self._ready[self._column_index[name]])
-        self._ready[:, rows] = False
-        self._consumed[:, rows] = False
-        self._live[rows] = False
-        self._age[rows] = 0
-        self._completed[rows] = True
-
-    def _age_kept(self, keep: torch.Tensor) -> None:
-        rows = keep.nonzero().squeeze(1)
-        self._age[rows] += 1
-        self._consumed[:, rows] = False
-        assert self.rollout_consumer is not None  # only called with partial rollout
-        k = self._consumer_index[self.rollout_consumer]
-        self._consumed[k, rows] = self._completed[rows]  # finished rows do not go back to the rollout
-
-    def _recount(self) -> None:
-        self._num_live = int(self._live.sum())
-        self._num_consumed = [int(n) for n in self._consumed.sum(1).tolist()]
-        self._watermark = [0] * len(self.consumers)
-
-    def reset(self) -> None:
-        """Back to the freshly built state: no rows, learned column dtypes forgotten, samplers reseeded."""
-        with self._cond:
-            self._init_state()
-            self._cond.notify_all()
-
-    def metrics(self) -> dict[str, float]:
-        """Bytes stored, rows ready per column, rows received and wait seconds per consumer, call counts."""
-        with self._cond:
-            out: dict[str, float] = {f"dock/{key}": float(value) for key, value in self._counts.items()}
-            stored = allocated = 0
-            for store in self._stores.values():
-                if isinstance(store, SequenceColumn):
-                    stored += store.nbytes_live
-                if store is not None:
-                    allocated += store.nbytes_allocated
-            out["dock/bytes_stored"] = float(stored)
-            out["dock/bytes_allocated"] = float(allocated)
-            out["dock/rows_live"] = float(self._num_live)
-            for name, ready in zip(self.columns, self._ready.sum(1).tolist(), strict=True):
-                out[f"dock/rows_ready/{name}"] = float(ready)
-            for k, name in enumerate(self.consumers):
-                out[f"dock/rows_got/{name}"] = float(self._rows_got[k])
-                out[f"dock/wait_s/{name}"] = self._wait_s[k]
-            return out
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume: rows (compacted), bitmaps, ages, sampler states, counters."""
-        with self._cond:
-            return _state.capture(self)
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a `state_dict()` taken from a dock built with the same capacity, columns and consumers."""
-        with self._cond:
-            _state.restore(self, state)
-            self._cond.notify_all()
-
-    def save(self, path: str | Any) -> None:
-        """`state_dict()` to a file (torch.save)."""
-        torch.save(self.state_dict(), path)
-
-    def load(self, path: str | Any) -> None:
-        """`load_state_dict()` from a file written by `save` (loaded with weights_only=True)."""
-        self.load_state_dict(torch.load(path, weights_only=True))

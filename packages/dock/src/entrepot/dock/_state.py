@@ -15,7 +15,7 @@ from entrepot.dock._columns import ScalarColumn, SequenceColumn
 from entrepot.dock._errors import DockConfigError
 
 if TYPE_CHECKING:
-    from entrepot.dock._dock import ExperienceDock
+    from entrepot.dock._lifecycle import DockLifecycle
 
 _FORMAT = 1
 
@@ -27,7 +27,7 @@ def _dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def capture(dock: ExperienceDock) -> dict[str, Any]:
+def capture(dock: DockLifecycle) -> dict[str, Any]:
     columns: dict[str, Any] = {}
     for name, store in dock._stores.items():
         ready = dock._ready[dock._column_index[name]]
@@ -65,7 +65,7 @@ def capture(dock: ExperienceDock) -> dict[str, Any]:
     }
 
 
-def restore(dock: ExperienceDock, state: Mapping[str, Any]) -> None:
+def restore(dock: DockLifecycle, state: Mapping[str, Any]) -> None:
     expected = {
         "format": _FORMAT,
         "capacity": dock.capacity,
