@@ -81,9 +81,9 @@ def test_resume_gives_bit_identical_parameters(tmp_path: Path) -> None:
     resumed = tmp_path / "resumed"
     shutil.copytree(full, resumed)
     shutil.rmtree(resumed / "checkpoints" / "step_000003")
-    (resumed / "metrics.jsonl").unlink()
     result = train(config, resumed, resume=True)
     assert result.steps == 3 and len(result.history) == 1  # only step 3 ran again
+    assert [r["step"] for r in read_metrics(resumed / "metrics.jsonl")] == [1, 2, 3]  # no duplicate step 3
     a = load_file(str(full / "checkpoints" / "step_000003" / "model.safetensors"))
     b = load_file(str(resumed / "checkpoints" / "step_000003" / "model.safetensors"))
     start = load_file(str(full / "checkpoints" / "step_000002" / "model.safetensors"))

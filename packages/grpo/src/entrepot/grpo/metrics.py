@@ -63,6 +63,12 @@ class MetricsWriter:
                 if key != "step" and isinstance(value, (int, float)):
                     self._tb.add_scalar(key, value, step)
 
+    def truncate(self, last_step: int) -> None:
+        """Drop records of steps after `last_step` (a resumed run repeats them)."""
+        if self.path.is_file():
+            kept = [r for r in read_metrics(self.path) if int(r.get("step", 0)) <= last_step]
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()

@@ -281,6 +281,7 @@ class Trainer:
         if (directory / "dock.pt").is_file():
             self.dock.load(str(directory / "dock.pt"))
         self.step = int(meta["step"])
+        self.metrics.truncate(self.step)  # steps after the checkpoint run again
         (self.run_dir / "resumed_from.json").write_text(
             json.dumps({"checkpoint": str(directory), "step": self.step})
         )
