@@ -1,8 +1,8 @@
 """Real `rl grpo train` processes (Ray, dock, resharding and all) on a shrunken default config.
 
-One short run is shared by the tests of this module: it must finish and leave metrics.jsonl, the
-plot and a checkpoint; `--resume` must continue it; `rl grpo eval` must read its checkpoint; Ctrl-C
-(SIGINT to the whole process group, as a terminal sends it) must save a checkpoint and exit 130.
+A short run must finish and leave metrics.jsonl, the plot and a checkpoint, which `rl grpo eval`
+reads. A second run is stopped with Ctrl-C (SIGINT to the whole process group, as a terminal sends
+it): it must save a checkpoint and exit 130, and `--resume` must continue it step for step.
 """
 
 from __future__ import annotations
@@ -76,15 +76,6 @@ def test_train_writes_config_metrics_plot_and_checkpoint(
     assert "accuracy" in records[1] and "accuracy" in records[3]  # eval.every=2
 
 
-def test_resume_continues_the_run(finished_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
-    run_dir, _ = finished_run
-    done = _rl("grpo", "train", "--resume", str(run_dir), "max_steps=6", "--quiet")
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert _steps(run_dir) == [1, 2, 3, 4, 5, 6]
-    assert (run_dir / "checkpoints" / "step_000006").is_dir()
-    assert "max_steps: 6" in (run_dir / "config.yaml").read_text()
-
-
 def test_eval_reads_the_checkpoint(finished_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     run_dir, _ = finished_run
     done = _rl("grpo", "eval", str(run_dir), "--num-prompts", "16")
@@ -107,7 +98,7 @@ def test_bad_yaml_key_exits_2_with_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "runs").exists()
 
 
-def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path: Path) -> None:
+def test_ctrl_c_saves_a_checkpoint_and_resume_continues(tmp_path: Path) -> None:
     out = tmp_path / "runs"
     process = subprocess.Popen(
         _rl_command("grpo", "train", "-o", str(out), "--max-steps", "200", "--quiet", *SMALL),
@@ -128,9 +119,17 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path: Path) -> None:
             os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 130, output
     run_dir = next(out.iterdir())
+    interrupted_at = _steps(run_dir)[-1]
     checkpoints = sorted((run_dir / "checkpoints").iterdir())
-    assert checkpoints, output
-    assert int(checkpoints[-1].name.removeprefix("step_")) == _steps(run_dir)[-1]
-    assert f"rl grpo train --resume {run_dir}" in " ".join(output.split())
+    assert checkpoints and checkpoints[-1].name == f"step_{interrupted_at:06d}", output
+    assert f"resume with: rl grpo train --resume {run_dir}" in " ".join(output.split())
     assert "Traceback" not in output
+
+    target = interrupted_at + 2
+    done = _rl("grpo", "train", "--resume", str(run_dir), f"max_steps={target}", "--quiet")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _steps(run_dir) == list(range(1, target + 1))
+    assert (run_dir / "checkpoints" / f"step_{target:06d}").is_dir()
+    assert f"max_steps: {target}" in (run_dir / "config.yaml").read_text()
+    assert (run_dir / "curves.png").is_file()
     shutil.rmtree(out)

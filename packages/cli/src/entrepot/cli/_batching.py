@@ -48,10 +48,11 @@ def plan(
     ] = False,
 ) -> None:
     """Split lengths across DP ranks (Karmarkar-Karp), then into micro-batches under a token budget."""
+    from entrepot.batching import BatchingError
     from entrepot.cli._batching_plan import PlanRequest, compute_plan, render_plan
     from entrepot.cli._lengths import generate_lengths, read_lengths
 
-    with user_errors():
+    with user_errors(BatchingError):
         lengths = (
             read_lengths(lengths_file)
             if lengths_file is not None

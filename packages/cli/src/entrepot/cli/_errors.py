@@ -9,7 +9,6 @@ bug and keeps its traceback.
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Iterator
 from typing import NoReturn
 
@@ -33,41 +32,39 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(USAGE_EXIT_CODE)
 
 
-def _user_error_types() -> tuple[type[BaseException], ...]:
-    """The exception types that mean "the user asked for something impossible".
+def _grpo_error_types() -> tuple[type[BaseException], ...]:
+    """entrepot.grpo's user-mistake errors, imported here so `rl --help` loads no library package."""
+    from entrepot.grpo.errors import CheckpointError, DataError, GRPOConfigError, RewardError
 
-    Imported here, not at module level, so `rl --help` loads none of the library packages.
-    """
-    types: list[type[BaseException]] = [CLIUsageError, FileNotFoundError, IsADirectoryError]
-    with contextlib.suppress(ImportError):
-        from entrepot.grpo.errors import CheckpointError, DataError, GRPOConfigError, RewardError
-
-        types += [GRPOConfigError, DataError, CheckpointError, RewardError]
-    if "entrepot.batching" in sys.modules:
-        from entrepot.batching import BatchingError
-
-        types.append(BatchingError)
-    if "entrepot.dock" in sys.modules:
-        from entrepot.dock import DockError
-
-        types.append(DockError)
-    return tuple(types)
+    return (GRPOConfigError, DataError, CheckpointError, RewardError)
 
 
 @contextlib.contextmanager
-def user_errors() -> Iterator[None]:
-    """Turn the user-mistake exceptions raised inside the block into `fail(...)`."""
+def user_errors(*extra: type[BaseException]) -> Iterator[None]:
+    """Turn user-mistake exceptions raised inside the block into `fail(...)`.
+
+    Always covered: `CLIUsageError`, a missing file, and entrepot.grpo's configuration, data,
+    checkpoint and reward errors. `extra` adds a command's own (e.g. `BatchingError` for
+    `rl batching plan`, where the lengths and budget come straight from the user). Other library
+    errors are bugs and keep their traceback.
+    """
     try:
         yield
     except typer.Exit:
         raise
     except Exception as exc:
-        if isinstance(exc, _user_error_types()):
+        always: tuple[type[BaseException], ...] = (CLIUsageError, FileNotFoundError, IsADirectoryError)
+        if isinstance(exc, (*always, *_grpo_error_types(), *extra)):
             fail(_describe(exc))
         raise
 
 
 def _describe(exc: BaseException) -> str:
+    # A Ray task error re-raised as its cause carries the worker traceback in its text; the cause
+    # alone holds the message.
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        exc = cause
     if isinstance(exc, FileNotFoundError) and exc.filename is not None:
         return f"file {str(exc.filename)!r} does not exist"
     text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)

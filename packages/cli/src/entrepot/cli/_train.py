@@ -54,7 +54,12 @@ def run_training(request: TrainRequest) -> int:
     from entrepot.grpo import train
 
     metrics_path = run_dir / config.logging.metrics_file
-    done_before = len(m.read_metrics(metrics_path))
+    done_before = m.last_step(m.read_metrics(metrics_path))
+    if request.resume is not None and done_before >= config.max_steps:
+        raise CLIUsageError(
+            f"--resume {str(run_dir)!r}: the run already has {done_before} of max_steps ({config.max_steps}) "
+            f"steps; pass max_steps=N with N > {done_before} to continue it"
+        )
     started = time.perf_counter()
     try:
         if request.quiet:
@@ -70,7 +75,7 @@ def run_training(request: TrainRequest) -> int:
     plot = write_plot(records, run_dir, config.name)
     print_summary(console, result, records, run_dir, plot, time.perf_counter() - started)
     if result.interrupted:
-        console.print(f"[yellow]interrupted[/]: resume with  rl grpo train --resume {run_dir}")
+        console.print(f"[yellow]interrupted[/]: resume with: rl grpo train --resume {run_dir}")
         return INTERRUPTED_EXIT_CODE
     return 0
 
