@@ -41,12 +41,11 @@ def free_port() -> int:
 class CorruptingResharder(Resharder):
     """Flips one received byte on rank 1: checksum verification must catch it."""
 
-    def _exchange(
-        self, recv: torch.Tensor, send: torch.Tensor, recv_splits: list[int], send_splits: list[int]
-    ) -> None:
-        super()._exchange(recv, send, recv_splits, send_splits)
-        if dist.get_rank() == 1 and recv.numel():
-            recv[recv.numel() // 2] ^= 0x40
+    def _exchange(self, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]]) -> None:
+        super()._exchange(sends, recvs)
+        received = [t.view(torch.uint8) for t, _ in recvs if t.numel()]
+        if dist.get_rank() == 1 and received:
+            received[0][received[0].numel() // 2] ^= 0x40
 
 
 def run(rank: int, world: int, port: int, scenario: Scenario) -> None:

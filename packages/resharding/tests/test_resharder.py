@@ -116,6 +116,13 @@ def test_plan_assembles_exactly_the_inference_shard_of_every_rank(
         assert sorted(got) == sorted(expected)
         for name, tensor in expected.items():
             assert torch.equal(got[name], tensor), (rank, name)
+    # Rounds that hold more than one unit (a staged group or a renamed slice) stay within the bucket.
+    for rnd in plan.rounds:
+        renamed = [s for s in rnd.segments if not plan.params[s.name].staged]
+        if len(rnd.staged_groups) + len(renamed) > 1:
+            for rank in range(world):
+                regions, size = plan.scratch_layout(rnd, rank)
+                assert size <= 8192 + 256 * len(regions)
     # Each destination element is written exactly once: segment bytes == assembled bytes.
     for rank in range(world):
         written = sum(s.nbytes for r in plan.rounds for s in r.segments if s.dst == rank)

@@ -22,7 +22,7 @@ from entrepot.resharding.adaptors.base import ParamSpec, WeightAdaptor
 from entrepot.resharding.errors import LayoutError, ShapeMismatchError
 from entrepot.resharding.layout import ParallelLayout, RankCoords
 
-__all__ = ["ParamPlan", "ReshardPlan", "Round", "Segment", "build_plan"]
+__all__ = ["ParamPlan", "Payload", "ReshardPlan", "Round", "Segment", "build_plan"]
 
 LocalMeta = Mapping[str, tuple[tuple[int, ...], torch.dtype]]
 
@@ -60,13 +60,31 @@ class ParamPlan:
     full_shape: tuple[int, ...]
     spec: ParamSpec
     dst_shapes: dict[int, tuple[int, ...]]  # rank -> training-layout shard under the inference layout
+    staged: bool  # its inference weight is a layout change (not a rename): assembled in scratch first
+
+    def dst_bytes(self, rank: int) -> int:
+        """Bytes of ``rank``'s shard (0 when ``rank`` does not need this parameter)."""
+        shape = self.dst_shapes.get(rank)
+        return 0 if shape is None else math.prod(shape) * self.dtype.itemsize
+
+
+@dataclass
+class Payload:
+    """One contiguous message: ``segments`` packed in order, sent unchanged to every rank in ``dsts``."""
+
+    dsts: list[int]
+    segments: list[Segment]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.segments)
 
 
 @dataclass
 class Round:
-    """Groups converted together after one bucketed exchange."""
+    """Slices moved by one bucketed exchange, and the staged groups converted after it."""
 
-    groups: list[list[str]]
+    staged_groups: list[list[str]] = field(default_factory=list)
     segments: list[Segment] = field(default_factory=list)
 
     def dtypes(self) -> list[torch.dtype]:
@@ -74,12 +92,40 @@ class Round:
         seen = {s.dtype: None for s in self.segments if s.src != s.dst}
         return sorted(seen, key=str)
 
+    def payloads(self, rank: int, dtype: torch.dtype) -> list[Payload]:
+        """What ``rank`` sends of ``dtype``: one payload per distinct content, shared by its receivers.
+
+        Gathers and broadcasts send the same slices to several ranks; packing them once keeps
+        the send bucket at the size of the data rather than data x receivers.
+        """
+        per_dst: dict[int, list[Segment]] = {}
+        for seg in self.segments:
+            if seg.src == rank != seg.dst and seg.dtype == dtype:
+                per_dst.setdefault(seg.dst, []).append(seg)
+        unique: dict[tuple[tuple[str, int, int], ...], Payload] = {}
+        for dst, segs in sorted(per_dst.items()):
+            key = tuple((s.name, s.src_start, s.length) for s in segs)
+            if key in unique:
+                unique[key].dsts.append(dst)
+            else:
+                unique[key] = Payload([dst], segs)
+        return list(unique.values())
+
+    def incoming(self, rank: int, dtype: torch.dtype) -> dict[int, list[Segment]]:
+        """What ``rank`` receives of ``dtype``: ``{src: segments in packing order}``."""
+        per_src: dict[int, list[Segment]] = {}
+        for seg in self.segments:
+            if seg.dst == rank != seg.src and seg.dtype == dtype:
+                per_src.setdefault(seg.src, []).append(seg)
+        return dict(sorted(per_src.items()))
+
 
 @dataclass
 class ReshardPlan:
     """Everything a rank needs to run a reshard."""
 
     params: dict[str, ParamPlan]
+    groups: list[list[str]]  # conversion groups (train_to_infer inputs), in plan order
     rounds: list[Round]
     world_size: int
 
@@ -87,21 +133,39 @@ class ReshardPlan:
         """Training-layout shards ``rank`` assembles: ``{name: (shape, dtype)}``."""
         return {p.name: (p.dst_shapes[rank], p.dtype) for p in self.params.values() if rank in p.dst_shapes}
 
-    def max_bucket_elems(self, rank: int) -> dict[tuple[str, torch.dtype], int]:
-        """Largest send / recv elements of any round, per ``(direction, dtype)``, for ``rank``."""
-        sizes: dict[tuple[str, torch.dtype], int] = {}
-        for rnd in self.rounds:
-            totals: dict[tuple[str, torch.dtype], int] = {}
-            for s in rnd.segments:
-                if s.src == s.dst:
-                    continue
-                if s.src == rank:
-                    totals[("send", s.dtype)] = totals.get(("send", s.dtype), 0) + s.numel
-                if s.dst == rank:
-                    totals[("recv", s.dtype)] = totals.get(("recv", s.dtype), 0) + s.numel
-            for key, value in totals.items():
-                sizes[key] = max(sizes.get(key, 0), value)
-        return sizes
+    def scratch_layout(self, rnd: Round, rank: int) -> tuple[dict[str, tuple[int, int]], int]:
+        """Where ``rank`` keeps one round's scratch inside its arena: ``{key: (byte offset, bytes)}``.
+
+        Keys: ``"send:<dtype>:<i>"`` for payload i, ``"recv:<dtype>:<src>"`` for the message
+        from ``src``, and the parameter name for a staged shard. Returns the layout and its size.
+        """
+        sizes: dict[str, int] = {}
+        for dtype in rnd.dtypes():
+            for index, payload in enumerate(rnd.payloads(rank, dtype)):
+                sizes[f"send:{dtype}:{index}"] = payload.nbytes
+            for src, segs in rnd.incoming(rank, dtype).items():
+                sizes[f"recv:{dtype}:{src}"] = sum(s.nbytes for s in segs)
+        for group in rnd.staged_groups:
+            for name in group:
+                if rank in self.params[name].dst_shapes:
+                    sizes[name] = self.params[name].dst_bytes(rank)
+        layout: dict[str, tuple[int, int]] = {}
+        offset = 0
+        for key, size in sizes.items():
+            layout[key] = (offset, size)
+            offset += _aligned(size)
+        return layout, offset
+
+    def arena_bytes(self, rank: int) -> int:
+        """The largest round scratch of ``rank``: the size of its arena."""
+        return max((self.scratch_layout(rnd, rank)[1] for rnd in self.rounds), default=0)
+
+
+ALIGN_BYTES = 256
+
+
+def _aligned(size: int) -> int:
+    return -(-size // ALIGN_BYTES) * ALIGN_BYTES
 
 
 def _piece(coords: RankCoords, spec: ParamSpec, layout: ParallelLayout) -> tuple[int, int]:
@@ -200,10 +264,11 @@ def build_plan(
                     if lo < hi:
                         moves.append((src, dst, src_offset + lo - s0, d_off + lo - d0, hi - lo))
                     src_offset += s1 - s0
-        params[name] = ParamPlan(name, dtype, full, spec, dst_shapes)
+        staged = adaptor.infer_alias(name) is None
+        params[name] = ParamPlan(name, dtype, full, spec, dst_shapes, staged)
         segments_of[name] = moves
-    rounds = _rounds(adaptor, params, segments_of, bucket_bytes)
-    return ReshardPlan(params, rounds, world)
+    groups, rounds = _rounds(adaptor, params, segments_of, bucket_bytes, world)
+    return ReshardPlan(params, groups, rounds, world)
 
 
 def _rounds(
@@ -211,29 +276,71 @@ def _rounds(
     params: Mapping[str, ParamPlan],
     moves: Mapping[str, list[tuple[int, int, int, int, int]]],
     bucket_bytes: int,
-) -> list[Round]:
-    """Pack conversion groups into rounds of at most ``bucket_bytes`` (a larger group goes alone)."""
+    world: int,
+) -> tuple[list[list[str]], list[Round]]:
+    """Pack the moves into rounds so that no rank's scratch exceeds ``bucket_bytes``.
+
+    A rank's scratch in a round is what it sends and receives plus, for staged parameters,
+    the assembled shard and its converted copy. A staged group moves in one round (it is
+    converted as a whole); the slices of renamed parameters are cut into pieces of at most a
+    quarter bucket, so one huge embedding no longer needs a huge bucket.
+    """
+    groups = adaptor.infer_groups(list(params))
     rounds: list[Round] = []
-    current = Round(groups=[])
-    current_bytes = 0
+    current, used = Round(), [0] * world
     index = 0
-    for group in adaptor.infer_groups(list(params)):
-        group_bytes = sum(math.prod(params[n].full_shape) * params[n].dtype.itemsize for n in group)
-        if current.groups and current_bytes + group_bytes > bucket_bytes:
+
+    def place(segments: list[Segment], staged: list[str] | None) -> None:
+        nonlocal current, used
+        cost = [0] * world
+        for seg in segments:
+            if seg.src != seg.dst:
+                cost[seg.src] += seg.nbytes  # an upper bound: payload sharing only lowers it
+                cost[seg.dst] += seg.nbytes
+        for name in staged or []:
+            for rank in params[name].dst_shapes:
+                cost[rank] += 2 * params[name].dst_bytes(rank)
+        if current.segments and any(u + c > bucket_bytes for u, c in zip(used, cost, strict=True)):
             rounds.append(current)
-            current, current_bytes = Round(groups=[]), 0
-        current.groups.append(group)
-        current_bytes += group_bytes
+            current, used = Round(), [0] * world
+        current.segments.extend(segments)
+        if staged:
+            current.staged_groups.append(staged)
+        used = [u + c for u, c in zip(used, cost, strict=True)]
+
+    for group in groups:
+        staged = [n for n in group if params[n].staged]
+        group_segments: list[Segment] = []
         for name in group:
             plan = params[name]
             dim = plan.spec.tp_dim if plan.spec.tp_dim is not None else 0
-            inner = math.prod(plan.full_shape) // max(1, plan.full_shape[dim] if plan.full_shape else 1)
+            row = (
+                math.prod(plan.full_shape) // plan.full_shape[dim] if plan.full_shape else 1
+            ) * plan.dtype.itemsize
+            step = max(1, bucket_bytes // 4 // row) if not plan.staged else None
             for src, dst, src_start, dst_start, length in moves[name]:
-                numel = length * inner if plan.full_shape else 1
-                current.segments.append(
-                    Segment(index, name, src, dst, dim, src_start, dst_start, length, numel, plan.dtype)
-                )
-                index += 1
-    if current.groups:
+                pieces = range(0, length, step or length) if length else [0]
+                for first in pieces:
+                    size = min(length - first, step or length)
+                    segment = Segment(
+                        index,
+                        name,
+                        src,
+                        dst,
+                        dim,
+                        src_start + first,
+                        dst_start + first,
+                        size,
+                        size * row // plan.dtype.itemsize,
+                        plan.dtype,
+                    )
+                    index += 1
+                    if plan.staged:
+                        group_segments.append(segment)
+                    else:
+                        place([segment], None)
+        if staged:
+            place(group_segments, staged)
+    if current.segments:
         rounds.append(current)
-    return rounds
+    return groups, rounds

@@ -3,14 +3,19 @@
 The plan (``_plan.build_plan``) lists every slice that must move: across TP ranks when the TP
 sizes differ (gather when training TP > inference TP, split when <), across pipeline stages
 (inference has PP = 1, so every stage's weights reach every rank: a broadcast) and across
-expert-parallel blocks (experts sent to their new owners). It is executed in rounds; each round
-packs all slices of one dtype into one send bucket and runs a single ``all_to_all_single`` per
-dtype, so the number of collectives is ``rounds x dtypes``, not the number of tensors.
+expert-parallel blocks (experts sent to their new owners). It is executed in rounds; in each
+round a rank packs its outgoing slices of one dtype into payloads (one per distinct content, so
+a slice that three ranks need is packed once) and posts all its sends and receives as one
+batched exchange (``batch_isend_irecv``): the number of exchanges is ``rounds x dtypes``, not
+the number of tensors.
 
 Received slices are written straight into the output ``ModelWeightBuffer`` when the
-inference weight is a renamed training weight, and through a small per-round staging buffer
-when a layout change is needed (QKV de-interleave, expert stacking, MLA split). Peak extra
-memory is therefore the output copy plus about two buckets and one round of staging.
+inference weight is a renamed training weight, and through per-round staging when a layout
+change is needed (QKV de-interleave, expert stacking, MLA split). Buckets and staging live in
+one byte arena (a ``MemoryBuffer``) and rounds are packed so that no rank's scratch (sent +
+received bytes + staged shards and their converted copies) exceeds ``bucket_bytes``: peak
+extra memory is the inference copy plus one bucket (a single group larger than the bucket
+gets a round of its own).
 
 With ``verify=True`` every slice is checksummed at its source and at its destination, and every
 layout conversion is checked to preserve its elements; a mismatch raises
@@ -20,7 +25,7 @@ layout conversion is checked to preserve its elements; a mismatch raises
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -49,7 +54,7 @@ class ReshardStats:
     bytes_received: int = 0
     bytes_local: int = 0  # copied from this rank's own training shard
     output_bytes: int = 0  # the inference weights (ModelWeightBuffer)
-    scratch_bytes: int = 0  # buckets + the largest round's staging, allocated during the reshard
+    scratch_bytes: int = 0  # the arena: buckets + staging of the largest round
 
 
 def _region(tensor: torch.Tensor, seg: Segment, start: int) -> torch.Tensor:
@@ -77,8 +82,8 @@ class Resharder:
         train_layout: TP / PP / EP (and optional VPP, expert TP) of the training engine.
         infer_layout: TP / EP (PP must be 1) of the inference engine on the same ranks.
         group: the process group spanning both engines (default: the world).
-        bucket_bytes: weights moved per round; larger buckets mean fewer collectives and
-            more scratch memory.
+        bucket_bytes: scratch bytes per rank and round (sent + received + staged); larger
+            buckets mean fewer collectives and more scratch memory.
         verify: checksum every slice and conversion; mismatches raise ``ChecksumMismatchError``.
         device: where the inference weights live (default: the training shard's device).
 
@@ -114,7 +119,7 @@ class Resharder:
         self.weights: ModelWeightBuffer | None = None
         self._plan: ReshardPlan | None = None
         self._metas: list[dict[str, tuple[tuple[int, ...], torch.dtype]]] | None = None
-        self._buckets: MemoryBuffer | None = None
+        self._arena: MemoryBuffer | None = None
 
     # -- public ----------------------------------------------------------------------------
     def reshard(self, local_train_params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -132,20 +137,17 @@ class Resharder:
         local = {name: tensor.detach() for name, tensor in local_train_params.items()}
         plan = self._plan_for(local, world)
         weights = self._output_buffer(plan, rank, local)
-        buckets = self._bucket_buffer(plan, rank)
+        arena = self._arena_buffer(plan, rank, weights.buffer.device)
         stats = ReshardStats(num_rounds=len(plan.rounds), output_bytes=weights.nbytes)
         checks = torch.zeros(sum(len(r.segments) for r in plan.rounds) + 1, 2, dtype=torch.int64)
-        staging_peak = 0
         with torch.no_grad():
             for rnd in plan.rounds:
-                staging_peak = max(
-                    staging_peak, self._run_round(rnd, rank, local, weights, buckets, stats, checks)
-                )
-        if buckets is not None:
-            buckets.destroy()
+                self._run_round(rnd, rank, local, weights, arena, stats, checks)
+        if arena is not None:
+            stats.scratch_bytes = arena.nbytes
+            arena.destroy()
         if self.verify:
             self._verify(plan, checks)
-        stats.scratch_bytes = (0 if buckets is None else buckets.nbytes) + staging_peak
         stats.seconds = time.perf_counter() - start
         self.stats = stats
         return weights.named_tensors()
@@ -174,7 +176,7 @@ class Resharder:
             )
             self._metas = metas
             self.weights = None
-            self._buckets = None
+            self._arena = None
         return self._plan
 
     def _output_buffer(
@@ -184,11 +186,10 @@ class Resharder:
             device = self.device or next((t.device for t in local.values()), torch.device("cpu"))
             needed = plan.needed(rank)
             meta: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
-            for rnd in plan.rounds:
-                for group in rnd.groups:
-                    mine = [n for n in group if n in needed]
-                    for name, (shape, dtype) in self._infer_meta(mine, needed).items():
-                        meta[name] = (shape, dtype)
+            for group in plan.groups:
+                mine = [n for n in group if n in needed]
+                if mine:
+                    meta.update(self._infer_meta(mine, needed))
             self.weights = ModelWeightBuffer(meta, device)
         elif not self.weights.buffer.is_allocated:
             self.weights.rebuild()
@@ -206,17 +207,16 @@ class Resharder:
         scratch = {n: torch.empty(needed[n][0], dtype=needed[n][1]) for n in names}
         return {n: (tuple(t.shape), t.dtype) for n, t in self.adaptor.train_to_infer(scratch).items()}
 
-    def _bucket_buffer(self, plan: ReshardPlan, rank: int) -> MemoryBuffer | None:
-        sizes = plan.max_bucket_elems(rank)
-        if not sizes:
+    def _arena_buffer(self, plan: ReshardPlan, rank: int, device: torch.device) -> MemoryBuffer | None:
+        """One byte arena holding a round's buckets and staging; sized for the largest round."""
+        size = plan.arena_bytes(rank)
+        if size == 0:
             return None
-        if self._buckets is None:
-            device = self.weights.buffer.device if self.weights is not None else torch.device("cpu")
-            meta = {f"{direction}.{dtype}": ((numel,), dtype) for (direction, dtype), numel in sizes.items()}
-            self._buckets = MemoryBuffer(meta, device)
+        if self._arena is None:
+            self._arena = MemoryBuffer({"arena": ((size,), torch.uint8)}, device)
         else:
-            self._buckets.rebuild()
-        return self._buckets
+            self._arena.rebuild()
+        return self._arena
 
     # -- one round -------------------------------------------------------------------------
     def _run_round(
@@ -225,27 +225,37 @@ class Resharder:
         rank: int,
         local: Mapping[str, torch.Tensor],
         weights: ModelWeightBuffer,
-        buckets: MemoryBuffer | None,
+        arena: MemoryBuffer | None,
         stats: ReshardStats,
         checks: torch.Tensor,
-    ) -> int:
-        """Move and convert one round; returns the staging bytes it used."""
+    ) -> None:
+        """Move one round's slices into place and convert its staged groups."""
         assert self._plan is not None
         params = self._plan.params
-        mine = [n for g in rnd.groups for n in g if rank in params[n].dst_shapes]
-        aliases = {n: self.adaptor.infer_alias(n) for n in mine}
-        staged = {n: (params[n].dst_shapes[rank], params[n].dtype) for n in mine if aliases[n] is None}
-        staging = MemoryBuffer(staged, weights.buffer.device) if staged else None
-        targets = {n: weights[alias] if alias is not None else staging.get(n) for n, alias in aliases.items()}  # type: ignore[union-attr]
+        regions, _ = self._plan.scratch_layout(rnd, rank)
+        scratch = arena.get("arena") if arena is not None else torch.empty(0, dtype=torch.uint8)
+
+        def carve(key: str, dtype: torch.dtype) -> torch.Tensor:
+            offset, size = regions.get(key, (0, 0))
+            return scratch[offset : offset + size].view(dtype)
+
+        targets: dict[str, torch.Tensor] = {}
+        for seg in rnd.segments:
+            if seg.dst == rank and seg.name not in targets:
+                param = params[seg.name]
+                alias = None if param.staged else self.adaptor.infer_alias(seg.name)
+                if alias is not None:
+                    targets[seg.name] = weights[alias]
+                else:
+                    targets[seg.name] = carve(seg.name, param.dtype).view(param.dst_shapes[rank])
 
         for seg in rnd.segments:
             if seg.src == rank == seg.dst:
-                _region(targets[seg.name], seg, seg.dst_start).copy_(
-                    _region(local[seg.name], seg, seg.src_start)
-                )
+                source = _region(local[seg.name], seg, seg.src_start)
+                _region(targets[seg.name], seg, seg.dst_start).copy_(source)
                 stats.bytes_local += seg.nbytes
         for dtype in rnd.dtypes():
-            self._exchange_dtype(rnd, dtype, rank, local, targets, buckets, stats)
+            self._exchange_dtype(rnd, dtype, rank, local, targets, carve, stats)
         if self.verify:
             for seg in rnd.segments:
                 if seg.src == rank:
@@ -253,8 +263,8 @@ class Resharder:
                 if seg.dst == rank:
                     checks[seg.index, 1] = _checksum(_region(targets[seg.name], seg, seg.dst_start))
 
-        for group in rnd.groups:
-            names = [n for n in group if n in staged]
+        for group in rnd.staged_groups:
+            names = [n for n in group if n in targets]
             if not names:
                 continue
             converted = self.adaptor.train_to_infer({n: targets[n] for n in names})
@@ -263,10 +273,6 @@ class Resharder:
                 [weights[n] for n in converted]
             ):
                 checks[-1, 1] += 1  # a conversion lost or changed elements; reported by _verify
-        if staging is None:
-            return 0
-        staging.destroy()
-        return staging.nbytes
 
     def _exchange_dtype(
         self,
@@ -275,46 +281,47 @@ class Resharder:
         rank: int,
         local: Mapping[str, torch.Tensor],
         targets: Mapping[str, torch.Tensor],
-        buckets: MemoryBuffer | None,
+        carve: Callable[[str, torch.dtype], torch.Tensor],
         stats: ReshardStats,
     ) -> None:
-        """Pack this rank's outgoing slices of ``dtype``, run one all-to-all, unpack the incoming ones."""
-        world = self._plan.world_size if self._plan is not None else 1
-        moving = [s for s in rnd.segments if s.dtype == dtype and s.src != s.dst]
-        sends = sorted((s for s in moving if s.src == rank), key=lambda s: (s.dst, s.index))
-        recvs = sorted((s for s in moving if s.dst == rank), key=lambda s: (s.src, s.index))
-        held = {} if buckets is None else buckets.meta
-        send_flat = buckets.get(f"send.{dtype}") if buckets is not None and f"send.{dtype}" in held else None
-        recv_flat = buckets.get(f"recv.{dtype}") if buckets is not None and f"recv.{dtype}" in held else None
-        in_splits, out_splits = [0] * world, [0] * world
-        offset = 0
-        for seg in sends:
-            region = _region(local[seg.name], seg, seg.src_start)
-            assert send_flat is not None
-            send_flat[offset : offset + seg.numel].view(region.shape).copy_(region)
-            offset += seg.numel
-            in_splits[seg.dst] += seg.numel * dtype.itemsize
-        for seg in recvs:
-            out_splits[seg.src] += seg.numel * dtype.itemsize
-        empty = torch.empty(0, dtype=torch.uint8, device=next(iter(targets.values()), torch.empty(0)).device)
-        send_bytes = empty if send_flat is None else send_flat.view(torch.uint8)[: sum(in_splits)]
-        recv_bytes = empty if recv_flat is None else recv_flat.view(torch.uint8)[: sum(out_splits)]
-        self._exchange(recv_bytes, send_bytes, out_splits, in_splits)
+        """Pack this rank's payloads of ``dtype``, exchange them, unpack what arrived."""
+        sends: list[tuple[torch.Tensor, int]] = []
+        for index, payload in enumerate(rnd.payloads(rank, dtype)):
+            flat = carve(f"send:{dtype}:{index}", dtype)
+            offset = 0
+            for seg in payload.segments:
+                region = _region(local[seg.name], seg, seg.src_start)
+                flat[offset : offset + seg.numel].view(region.shape).copy_(region)
+                offset += seg.numel
+            sends.extend((flat, dst) for dst in payload.dsts)
+            stats.bytes_sent += payload.nbytes * len(payload.dsts)
+        incoming = rnd.incoming(rank, dtype)
+        recvs = [(carve(f"recv:{dtype}:{src}", dtype), src) for src in incoming]
+        self._exchange(sends, recvs)
         stats.num_collectives += 1
-        stats.bytes_sent += sum(in_splits)
-        stats.bytes_received += sum(out_splits)
-        offset = 0
-        for seg in recvs:
-            target = _region(targets[seg.name], seg, seg.dst_start)
-            assert recv_flat is not None
-            target.copy_(recv_flat[offset : offset + seg.numel].view(target.shape))
-            offset += seg.numel
+        for (flat, _), segs in zip(recvs, incoming.values(), strict=True):
+            offset = 0
+            for seg in segs:
+                target = _region(targets[seg.name], seg, seg.dst_start)
+                target.copy_(flat[offset : offset + seg.numel].view(target.shape))
+                offset += seg.numel
+                stats.bytes_received += seg.nbytes
 
-    def _exchange(
-        self, recv: torch.Tensor, send: torch.Tensor, recv_splits: list[int], send_splits: list[int]
-    ) -> None:
-        """The collective of one bucket (byte splits per peer rank)."""
-        dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self.group)
+    def _exchange(self, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]]) -> None:
+        """One bucketed exchange: every ``(tensor, peer)`` send and receive, posted together.
+
+        Peers are ranks of ``self.group``; each pair of ranks exchanges at most one message per
+        call, so messages cannot be confused.
+        """
+
+        def peer(rank: int) -> int:
+            return rank if self.group is None else dist.get_global_rank(self.group, rank)
+
+        ops = [dist.P2POp(dist.isend, t.view(torch.uint8), peer(r), self.group) for t, r in sends]
+        ops += [dist.P2POp(dist.irecv, t.view(torch.uint8), peer(r), self.group) for t, r in recvs]
+        if ops:
+            for request in dist.batch_isend_irecv(ops):
+                request.wait()
 
     # -- verification ----------------------------------------------------------------------
     def _verify(self, plan: ReshardPlan, checks: torch.Tensor) -> None:
