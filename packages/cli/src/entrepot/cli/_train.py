@@ -7,9 +7,11 @@ config.yaml, metrics.jsonl and the checkpoints), and finally write the plot and 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from entrepot.cli import _metrics as m
 from entrepot.cli._errors import CLIUsageError
@@ -49,6 +51,7 @@ def run_training(request: TrainRequest) -> int:
         run_dir = new_run_dir(request.output_dir, config.name)
     console.print(f"run directory: [bold]{run_dir}[/]")
 
+    from entrepot.cli._interrupt import StepBoundaryInterrupt
     from entrepot.cli._live import TrainDisplay
     from entrepot.cli._report import print_summary, write_plot
     from entrepot.grpo import train
@@ -61,12 +64,17 @@ def run_training(request: TrainRequest) -> int:
             f"steps; pass max_steps=N with N > {done_before} to continue it"
         )
     started = time.perf_counter()
+    interrupt = StepBoundaryInterrupt(lambda text: console.print(f"[yellow]{text}[/]"))
+    display = None if request.quiet else TrainDisplay(config.max_steps, done_before, console)
+
+    def on_step(metrics: dict[str, Any]) -> None:
+        if display is not None:
+            display.update(metrics)
+        interrupt.check()
+
     try:
-        if request.quiet:
-            result = train(config, run_dir, resume=request.resume is not None)
-        else:
-            with TrainDisplay(config.max_steps, done_before, console) as display:
-                result = train(config, run_dir, resume=request.resume is not None, on_step=display.update)
+        with interrupt, display or contextlib.nullcontext():
+            result = train(config, run_dir, resume=request.resume is not None, on_step=on_step)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted before a checkpoint could be written[/]")
         return INTERRUPTED_EXIT_CODE
