@@ -65,3 +65,11 @@ def test_grpo_phases_in_order():
     assert train.data["advantages"].shape == (4, 4)
     assert train.lengths["old_log_prob"].tolist() == [1, 2, 3, 4]
     assert dock.get("actor_train", ["responses"], 2) is None
+
+
+def test_grpo_dock_is_a_grpo_dock_client():
+    from entrepot.dock import DockClient, ExperienceDock, GRPODockClient
+
+    assert isinstance(GRPODock(1, 2), GRPODockClient)
+    plain = ExperienceDock(2, columns=["x"], consumers=["c"])
+    assert isinstance(plain, DockClient) and not isinstance(plain, GRPODockClient)

@@ -9,7 +9,14 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from entrepot.dock import DockClient, DockError, ExperienceDock, GRPODock, UnknownColumnError  # noqa: E402
+from entrepot.dock import (  # noqa: E402
+    DockClient,
+    DockError,
+    ExperienceDock,
+    GRPODock,
+    GRPODockClient,
+    UnknownColumnError,
+)
 from entrepot.dock.ray import RayDockClient  # noqa: E402
 
 # Client actors are defined here; ship this module's code to the workers by value (pytest's importlib
@@ -56,7 +63,7 @@ class Consumer:
 
 def test_grpo_dock_actor_round_trip_errors_and_state(tmp_path):
     client = RayDockClient.launch(GRPODock, prompts_num=2, n_samples_per_prompt=2)
-    assert isinstance(client, DockClient)
+    assert isinstance(client, DockClient) and isinstance(client, GRPODockClient)
     rows = client.put_prompts([torch.tensor([1, 2]), torch.tensor([3])], 2)
     assert rows.tolist() == [0, 1, 2, 3]
     batch = client.get("actor_rollout", ["prompts"], 4, layout="packed")

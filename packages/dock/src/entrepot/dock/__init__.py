@@ -7,7 +7,7 @@ whole model-parallel group with a constant number of collectives.
 """
 
 from entrepot.dock._batch import Batch
-from entrepot.dock._client import DockClient
+from entrepot.dock._client import DockClient, GRPODockClient
 from entrepot.dock._columns import ColumnSpec
 from entrepot.dock._dispatch import dispatch_get
 from entrepot.dock._dock import ExperienceDock
@@ -48,6 +48,7 @@ __all__ = [
     "DuplicateIndexError",
     "ExperienceDock",
     "GRPODock",
+    "GRPODockClient",
     "GroupSizeError",
     "IndexOutOfRangeError",
     "InvalidArgumentError",
