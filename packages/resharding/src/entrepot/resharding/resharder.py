@@ -65,7 +65,7 @@ def _region(tensor: torch.Tensor, seg: Segment, start: int) -> torch.Tensor:
 def _checksum(tensor: torch.Tensor) -> int:
     """Order-sensitive checksum of the bit patterns (wrapping int64 arithmetic)."""
     bits = tensor.reshape(-1).view(_BITS[tensor.dtype.itemsize]).to(torch.int64)
-    weights = torch.arange(bits.numel(), dtype=torch.int64) % 65521 + 1
+    weights = torch.arange(bits.numel(), dtype=torch.int64, device=bits.device) % 65521 + 1
     return int((bits * weights).sum())
 
 
@@ -139,7 +139,10 @@ class Resharder:
         weights = self._output_buffer(plan, rank, local)
         arena = self._arena_buffer(plan, rank, weights.buffer.device)
         stats = ReshardStats(num_rounds=len(plan.rounds), output_bytes=weights.nbytes)
-        checks = torch.zeros(sum(len(r.segments) for r in plan.rounds) + 1, 2, dtype=torch.int64)
+        # [segment, (source checksum, destination checksum)]; the last row counts bad conversions.
+        # On the weights' device so that NCCL/HCCL can reduce it.
+        num_segments = sum(len(r.segments) for r in plan.rounds)
+        checks = torch.zeros(num_segments + 1, 2, dtype=torch.int64, device=weights.buffer.device)
         with torch.no_grad():
             for rnd in plan.rounds:
                 self._run_round(rnd, rank, local, weights, arena, stats, checks)
@@ -327,6 +330,7 @@ class Resharder:
     def _verify(self, plan: ReshardPlan, checks: torch.Tensor) -> None:
         if plan.world_size > 1:
             dist.all_reduce(checks, group=self.group)
+        checks = checks.cpu()
         failures = int(checks[-1, 1])
         bad = (checks[:-1, 0] != checks[:-1, 1]).nonzero().flatten().tolist()
         if not bad and not failures:

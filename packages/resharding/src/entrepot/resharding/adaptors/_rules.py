@@ -48,6 +48,10 @@ class Rule:
     def unstacks(self) -> bool:
         return bool(self.dst) and "{e}" in self.dst[0] and "{e}" not in self.src[0]
 
+    def match(self, name: str) -> re.Match[str] | None:
+        """The match of ``name`` against one of the source templates, if any."""
+        return next((found for p in self._patterns if (found := p.fullmatch(name)) is not None), None)
+
     @property
     def is_rename(self) -> bool:
         """True when the rule only renames one tensor (its data can be written in place)."""

@@ -174,7 +174,7 @@ class WeightAdaptor:
         singles: list[list[str]] = []
         for name in train_names:
             for index, rule in enumerate(self._infer_rules):
-                found = next((p.fullmatch(name) for p in rule._patterns if p.fullmatch(name)), None)
+                found = rule.match(name)
                 if found is not None:
                     if rule.stacks:
                         groups.setdefault((index, found.group("layer")), []).append(name)
@@ -188,7 +188,7 @@ class WeightAdaptor:
     def infer_alias(self, train_name: str) -> str | None:
         """The inference name of ``train_name`` when the conversion is a pure rename, else ``None``."""
         for rule in self._infer_rules:
-            found = next((p.fullmatch(train_name) for p in rule._patterns if p.fullmatch(train_name)), None)
+            found = rule.match(train_name)
             if found is not None:
                 if not rule.is_rename:
                     return None
