@@ -1,0 +1,64 @@
+"""The shipped example configs run: the local-HF-model + jsonl one trains two steps on CPU.
+
+The model directory is a tiny GPT-2 with a word-level tokenizer written by the test itself (no
+downloads); the config's own paths are overridden to point at it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from entrepot.cli.app import app
+
+WORDS = ["what", "is", "12", "+", "30", "?", "answer", "after", "####", "42", "user", ":"]
+
+
+def _tiny_model_dir(path: Path) -> Path:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
+    tokenizer.chat_template = "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
+    tokenizer.save_pretrained(path)
+    config = GPT2Config(vocab_size=len(vocab), n_positions=64, n_embd=16, n_layer=1, n_head=2)
+    GPT2LMHeadModel(config).save_pretrained(path)
+    return path
+
+
+def test_local_hf_jsonl_config_trains_on_cpu(runner: CliRunner, configs_dir: Path, tmp_path: Path) -> None:
+    model = _tiny_model_dir(tmp_path / "my-small-lm")
+    data = tmp_path / "train.jsonl"
+    record = {"question": "what is 12 + 30 ? answer after ####", "answer": "42"}
+    data.write_text("\n".join(json.dumps(record) for _ in range(8)) + "\n")
+    args = ["grpo", "train", "--config", str(configs_dir / "local-hf-jsonl-cpu.yaml")]
+    args += ["-o", str(tmp_path / "runs"), "--max-steps", "2", "--quiet"]
+    args += [f"model.path={model}", f"data.train_path={data}", f"data.eval_path={data}"]
+    args += ["eval.num_prompts=4", "rollout.prompts_per_step=2", "rollout.max_new_tokens=4"]
+    args += ["logging.tensorboard=false", "threads.torch_threads=1"]
+    result = runner.invoke(app, args, env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    run_dir = next((tmp_path / "runs").iterdir())
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
+    assert (run_dir / "curves.png").is_file()
+    assert "GRPO run summary" in result.stdout
+
+
+def test_addition_config_trains(runner: CliRunner, configs_dir: Path, tmp_path: Path) -> None:
+    # One process instead of Ray keeps this check of the config itself quick.
+    args = ["grpo", "train", "-c", str(configs_dir / "addition.yaml"), "-o", str(tmp_path), "--max-steps=2"]
+    args += ["-q", "resources.use_ray=false", "eval.num_prompts=8", "logging.tensorboard=false"]
+    result = runner.invoke(app, args, env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    run_dir = next(tmp_path.iterdir())
+    assert run_dir.name.startswith("grpo-addition-")
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2] and "accuracy" in records[-1]
