@@ -54,7 +54,7 @@ MODELS: dict[str, dict[str, Any]] = {
 
 
 def _full_train(architecture: str, **overrides: Any) -> tuple[Any, Any, dict[str, torch.Tensor]]:
-    config, state = _tiny(architecture, **{**MODELS[architecture], **overrides})
+    config, state = _tiny(architecture, **{**MODELS.get(architecture, {}), **overrides})
     adaptor = get_adaptor(architecture, config)
     return config, adaptor, adaptor.hf_to_train(state)
 
@@ -129,6 +129,39 @@ def test_plan_assembles_exactly_the_inference_shard_of_every_rank(
         assert written == sum(
             torch.Size(shape).numel() * dt.itemsize for shape, dt in plan.needed(rank).values()
         )
+
+
+def test_plan_for_mla_and_shared_experts_then_conversion_per_rank() -> None:
+    """DeepSeek-V3: replicated MLA down projections, TP-split up projections, routed + shared experts."""
+    world, train, infer = 4, ParallelLayout(tp=2, pp=2), ParallelLayout(tp=2, ep=2, expert_tp=1)
+    _, adaptor, full = _full_train(
+        "DeepseekV3ForCausalLM",
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        first_k_dense_replace=1,
+        q_lora_rank=12,
+        kv_lora_rank=8,
+        qk_nope_head_dim=4,
+        qk_rope_head_dim=2,
+        v_head_dim=4,
+        n_group=1,
+        topk_group=1,
+        tie_word_embeddings=False,
+    )
+    locals_ = [_local(adaptor, full, train, r, world) for r in range(world)]
+    metas = [{n: (tuple(t.shape), t.dtype) for n, t in local.items()} for local in locals_]
+    plan = build_plan(adaptor, metas, train, infer, bucket_bytes=4096)
+    for rank, got in enumerate(_simulate(plan, locals_)):
+        c = infer.coords(rank, world)
+        expected = adaptor.train_to_infer(adaptor.shard(full, infer, c.tp_rank, 0, c.ep_rank, c.etp_rank))
+        converted = adaptor.train_to_infer(got)
+        assert sorted(converted) == sorted(expected)
+        assert all(torch.equal(converted[n], t) for n, t in expected.items())
+        assert converted["model.layers.1.mlp.experts.w13_weight"].shape[0] == 2  # 4 experts over ep=2
 
 
 def test_plan_rejects_missing_pieces_and_bad_layouts() -> None:
