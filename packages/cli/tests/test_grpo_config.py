@@ -90,3 +90,8 @@ def test_keys_lists_dotted_keys_with_help(runner: CliRunner) -> None:
     unknown = runner.invoke(app, ["grpo", "config", "keys", "algo"])
     assert unknown.exit_code == 2
     assert "unknown section 'algo'; allowed: algorithm" in unknown.stderr
+
+
+def test_keys_shows_bracketed_types_literally(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["grpo", "config", "keys", "algorithm"], env={"COLUMNS": "200"})
+    assert "tuple[float, float]" in result.stdout  # not eaten as rich markup

@@ -66,11 +66,12 @@ def describe_keys(section: str | None) -> list[KeyRow]:
 def render_keys(rows: list[KeyRow]) -> None:
     """Print the rows as a rich table."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="GRPO configuration keys", show_lines=False)
     for column in ("key", "type", "default", "help"):
         table.add_column(column, overflow="fold")
     for row in rows:
-        table.add_row(row.key, row.type_name, row.default, row.help)
+        table.add_row(*(escape(cell) for cell in (row.key, row.type_name, row.default, row.help)))
     Console().print(table)

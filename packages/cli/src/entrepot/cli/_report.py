@@ -60,6 +60,7 @@ def print_summary(
     wall_seconds: float,
 ) -> None:
     """A short table: steps, reward, accuracy, time, and where the outputs are."""
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="GRPO run summary", show_header=False)
@@ -75,9 +76,9 @@ def print_summary(
         f"{m.with_elapsed(list(records))[-1][m.ELAPSED]:.1f} s" if records else "-",
     )
     table.add_row("wall time (this invocation)", f"{wall_seconds:.1f} s")
-    table.add_row("run directory", str(run_dir))
-    table.add_row("checkpoint", str(result.checkpoint) if result.checkpoint else "-")
-    table.add_row("plot", str(plot) if plot else "-")
+    table.add_row("run directory", escape(str(run_dir)))
+    table.add_row("checkpoint", escape(str(result.checkpoint)) if result.checkpoint else "-")
+    table.add_row("plot", escape(str(plot)) if plot else "-")
     console.print(table)
 
 
@@ -85,9 +86,10 @@ def print_evaluation(
     console: Console, path: Path, result: Mapping[str, float], num_prompts: int | None
 ) -> None:
     """Greedy accuracy and mean reward of an evaluation (`entrepot.grpo.evaluate`'s result)."""
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title="evaluation", caption=str(path), show_header=False)
+    table = Table(title="evaluation", caption=escape(str(path)), show_header=False)
     table.add_column(style="bold")
     table.add_column()
     step = m.number(result, m.STEP)

@@ -34,6 +34,7 @@ class TrainRequest:
 def run_training(request: TrainRequest) -> int:
     """Run (or resume) one training run; return the process exit code."""
     from rich.console import Console
+    from rich.markup import escape
 
     from entrepot.grpo.config import load_config
 
@@ -49,7 +50,7 @@ def run_training(request: TrainRequest) -> int:
     else:
         config = load_config(request.config, request.overrides)
         run_dir = new_run_dir(request.output_dir, config.name)
-    console.print(f"run directory: [bold]{run_dir}[/]")
+    console.print(f"run directory: [bold]{escape(str(run_dir))}[/]")
 
     from entrepot.cli._interrupt import StepBoundaryInterrupt
     from entrepot.cli._live import TrainDisplay
@@ -83,7 +84,7 @@ def run_training(request: TrainRequest) -> int:
     plot = write_plot(records, run_dir, config.name)
     print_summary(console, result, records, run_dir, plot, time.perf_counter() - started)
     if result.interrupted:
-        console.print(f"[yellow]interrupted[/]: resume with: rl grpo train --resume {run_dir}")
+        console.print(f"[yellow]interrupted[/]: resume with: rl grpo train --resume {escape(str(run_dir))}")
         return INTERRUPTED_EXIT_CODE
     return 0
 
