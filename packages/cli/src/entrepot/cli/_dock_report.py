@@ -30,7 +30,9 @@ def launch_client(workload: DockWorkload, backend: str) -> Any:
 
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
-    return RayDockClient.launch(GRPODock, **kwargs)
+    client = RayDockClient.launch(GRPODock, **kwargs)
+    client.metrics()  # wait until the actor is up, so its start-up is not timed as the first put
+    return client
 
 
 def render_result(workload: DockWorkload, backend: str, result: DockBenchResult) -> None:
