@@ -192,7 +192,15 @@ class Trainer:
         t_adv = time.perf_counter() - t_adv
 
         # 7. actor update: DP ranks take their shares, gradients are averaged
-        update_stats = run(self.actors, "update", self.dock, per_actor, with_old=need_old)
+        shares = self._dp_balanced_rows()
+        if shares is None:
+            update_stats = run(self.actors, "update", self.dock, per_actor, with_old=need_old)
+        else:
+            # Start every rank before waiting on any: ranks meet in the gradient all-reduce.
+            update_stats = [
+                self._submit([actor], "update", self.dock, per_actor, with_old=need_old, indexes=rows)[0]
+                for actor, rows in zip(self.actors, shares, strict=True)
+            ]
         stage_stats = self._resolve([*rollout_stats, *reward_stats, *ref_stats, *old_stats])
         update_stats = self._resolve(update_stats)
 
@@ -219,6 +227,20 @@ class Trainer:
             metrics.update(self._all(self.actors[:1], "evaluate")[0])
             metrics["time/eval"] = time.perf_counter() - t_eval
         return metrics
+
+    def _dp_balanced_rows(self) -> list[list[int]] | None:
+        """Rows per DP rank with even token totals (whole prompt groups, equal counts), or None."""
+        world = len(self.actors)
+        if world == 1 or not self.config.batching.dp_balance:
+            return None
+        from entrepot.batching import balance_across_ranks
+
+        rows = torch.arange(self.config.rollout.batch_size)  # the dock holds exactly one step's rows
+        batch = self.dock.peek(["prompt_length", "response_length"], rows)
+        lengths = (batch.data["prompt_length"] + batch.data["response_length"]).tolist()
+        plan = balance_across_ranks(lengths, world, group_size=self.config.rollout.n_samples_per_prompt,
+                                    equal_count=True)  # fmt: skip
+        return [[int(rows[i]) for i in rank] for rank in plan.ranks]
 
     def _advantages(self) -> torch.Tensor:
         """Group-normalised advantages for all rows, put back as per-response-token values."""

@@ -37,9 +37,14 @@ from entrepot.grpo.training import build_optimizer
 __all__ = ["ActorWorker", "RewardWorker", "column_rows", "tensor_text", "text_tensor"]
 
 
-def take(dock: DockClient, consumer: str, columns: Sequence[str], count: int) -> Batch:
-    """`dock.get` for a stage that must receive rows this iteration (None would be a loop bug)."""
-    batch = dock.get(consumer, list(columns), count)
+def take(
+    dock: DockClient, consumer: str, columns: Sequence[str], count: int, indexes: Sequence[int] | None = None
+) -> Batch:
+    """`dock.get` for a stage that must receive rows this iteration (None would be a loop bug).
+
+    `indexes` asks for exactly those rows (the driver's DP balance plan), else the next `count`.
+    """
+    batch = dock.get(consumer, list(columns), count, indexes=indexes)
     if batch is None:
         raise RuntimeError(f"dock has no rows left for stage {consumer!r}; the step was already consumed")
     return batch
@@ -218,14 +223,16 @@ class ActorWorker:
         dock.put({"old_log_prob": response_values(old, tokens)}, batch.indexes)
         return {"time/old_logp": time.perf_counter() - t0}
 
-    def update(self, dock: DockClient, count: int, *, with_old: bool) -> dict[str, float]:
-        """PPO-clip update on this rank's share; gradients averaged across ranks."""
+    def update(
+        self, dock: DockClient, count: int, *, with_old: bool, indexes: Sequence[int] | None = None
+    ) -> dict[str, float]:
+        """PPO-clip update on this rank's share (`indexes` when DP-balanced); grads averaged over ranks."""
         t0 = time.perf_counter()
         cfg = self.config
         columns = ["prompts", "responses", "response_length", "advantages"]
         columns += ["ref_log_prob"] if self.reference is not None and not cfg.algorithm.kl_in_reward else []
         columns += ["old_log_prob"] if with_old else []
-        batch = take(dock, "actor_train", columns, count)
+        batch = take(dock, "actor_train", columns, count, indexes)
         tokens = self._token_batch(batch)
         advantages = response_grid(column_rows(batch, "advantages"), tokens)
         ref = response_grid(column_rows(batch, "ref_log_prob"), tokens) if "ref_log_prob" in columns else None
