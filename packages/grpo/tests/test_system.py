@@ -115,3 +115,21 @@ def test_ctrl_c_saves_a_checkpoint_and_returns(tmp_path: Path) -> None:
     assert result.interrupted and result.steps == 2
     assert result.checkpoint is not None and result.checkpoint.name == "step_000002"
     assert (result.checkpoint / "model.safetensors").is_file()
+
+
+def test_offloading_while_generating_changes_nothing(tmp_path: Path) -> None:
+    from entrepot.grpo.trainer import Trainer
+
+    base = [*SMALL, "resources.use_ray=false", "rollout.prompts_per_step=4", "eval.every=0"]
+    params = []
+    for offload in ("false", "true"):
+        trainer = Trainer(
+            load_config(None, [*base, f"engine.offload_train_in_rollout={offload}"]), tmp_path / offload
+        )
+        try:
+            trainer.train_step()
+            trainer.train_step()
+            params.append(trainer.parameters())
+        finally:
+            trainer.close()
+    assert all(torch.equal(params[0][k], params[1][k]) for k in params[0])
