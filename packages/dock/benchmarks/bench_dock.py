@@ -3,7 +3,7 @@
 Workload: 1,024 prompts x 8 samples (8,192 rows); prompt 64-256 tokens, prompt + response uniform
 in 512-4,096 tokens. Phases in GRPO order, 256 rows per put, inputs padded as model outputs are:
 prompts (fan-out); responses + response_length + input_ids; ref and old log-probs (float32);
-advantages (float32). Then `actor_train` pulls 256-row padded batches of 7 columns until all
+advantages (one float32 per response). Then `actor_train` pulls 256-row padded batches of 7 columns until all
 consumed. Run against (a) the seed's design implemented literally (seed_baseline.py), (b) our
 ExperienceDock in-process (first and third iteration of a reused dock), (c) the same through the
 Ray actor; then the per-call cost of `get` at 1,000,000 rows capacity vs 8,192. GB/s counts valid
@@ -89,10 +89,13 @@ def make_workload(num_prompts: int, seed: int = 0) -> Workload:
                 nbytes(rl, torch.int64) + nbytes(tl, torch.int64) + 8 * rl.numel(),
             )
         )
-    for column in ("ref_log_prob", "old_log_prob", "advantages"):
+    for column in ("ref_log_prob", "old_log_prob"):
         for start in range(0, num_rows, CHUNK):
             rl = resp_len[start : start + CHUNK]
             phases.append(Phase(start, {column: padded_of(rl, torch.float32)}, {}, nbytes(rl, torch.float32)))
+    for start in range(0, num_rows, CHUNK):  # GRPO advantages: one float32 per response
+        rows = min(CHUNK, num_rows - start)
+        phases.append(Phase(start, {}, {"advantages": torch.randn(rows, generator=gen)}, 4 * rows))
     prompt_bytes = int(prompt_len.sum()) * 8 * N_SAMPLES
     return Workload(prompts, phases, prompt_bytes)
 

@@ -15,7 +15,7 @@ torch.set_num_threads(1)
 def dock_snapshot(dock: ExperienceDock) -> dict[str, Any]:
     """Everything observable about a dock's rows and statuses (state_dict without counters)."""
     state = dock.state_dict()
-    for key in ("counts", "rows_got", "wait_s"):
+    for key in ("counts", "rows_got", "wait_s", "bytes_got"):
         state.pop(key)
     return state
 

@@ -49,6 +49,7 @@ def test_metrics_count_calls_rows_and_bytes(dock, make_rows):
     assert metrics["dock/puts"] == 1 and metrics["dock/gets"] == 1
     assert metrics["dock/rows_put"] == 2 and metrics["dock/rows_got/train"] == 2
     assert metrics["dock/bytes_stored"] == 8 * 8 + 6 * 4
+    assert metrics["dock/bytes_got/train"] == 8 * 8 + 6 * 4  # what the get handed out
     assert metrics["dock/rows_ready/logp"] == 2 and metrics["dock/rows_ready/score"] == 0
 
 

@@ -59,7 +59,7 @@ STAGES: tuple[tuple[str, tuple[str, ...], str | None, str], ...] = (
     ("actor_rollout", ("prompts",), "responses", "tokens"),
     ("ref_log_prob", ("prompts", "responses"), "ref_log_prob", "per_token"),
     ("rule_reward", ("responses",), "rm_scores", "scalar"),
-    ("compute_advantage", ("rm_scores", "responses"), "advantages", "per_token"),
+    ("compute_advantage", ("rm_scores", "responses"), "advantages", "scalar"),
     ("actor_train", ("prompts", "responses", "advantages", "ref_log_prob"), None, ""),
 )
 

@@ -132,6 +132,7 @@ class ExperienceDock(DockLifecycle):
         self._counts = {"puts": 0, "gets": 0, "rows_put": 0}
         self._rows_got = [0] * num_consumers
         self._wait_s = [0.0] * num_consumers
+        self._bytes_got = [0] * num_consumers
         self._readers = 0  # gets copying out of snapshots right now
 
     def _make_store(self, spec: ColumnSpec) -> Store | None:
@@ -332,6 +333,7 @@ class ExperienceDock(DockLifecycle):
             self._wait_s[k] += time.monotonic() - started
             self._mark_consumed(k, picked)
             taken = self._snapshot(columns, picked)
+            self._bytes_got[k] += taken.nbytes()
         if sampler == "balanced" and rows is None:
             try:
                 taken = taken.reorder(balanced_order(taken.tokens_per_row(), num_ranks, group_size))

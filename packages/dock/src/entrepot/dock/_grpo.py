@@ -29,7 +29,7 @@ GRPO_COLUMNS: dict[str, ColumnSpec] = {
     "token_level_rewards": _SEQ,
     "old_log_prob": _SEQ,
     "ref_log_prob": _SEQ,
-    "advantages": _SEQ,
+    "advantages": _SCALAR,  # one per response: GRPO advantages are per sequence
     "returns": _SEQ,
 }
 """The GRPO columns (dtypes are fixed by the first put; kinds are fixed here)."""

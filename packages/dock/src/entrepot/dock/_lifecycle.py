@@ -40,6 +40,7 @@ class DockLifecycle:
     _counts: dict[str, int]
     _rows_got: list[int]
     _wait_s: list[float]
+    _bytes_got: list[int]
     _readers: int
     _generators: list[torch.Generator]
 
@@ -133,7 +134,10 @@ class DockLifecycle:
             self._cond.notify_all()
 
     def metrics(self) -> dict[str, float]:
-        """Bytes stored, rows ready per column, rows received and wait seconds per consumer, call counts."""
+        """Bytes stored, rows ready per column; rows, bytes and wait seconds per consumer; call counts.
+
+        Per-consumer figures are cumulative since construction or `reset` (a caller takes deltas per step).
+        """
         with self._cond:
             out: dict[str, float] = {f"dock/{key}": float(value) for key, value in self._counts.items()}
             stored = allocated = 0
@@ -150,6 +154,7 @@ class DockLifecycle:
             for k, name in enumerate(self.consumers):
                 out[f"dock/rows_got/{name}"] = float(self._rows_got[k])
                 out[f"dock/wait_s/{name}"] = self._wait_s[k]
+                out[f"dock/bytes_got/{name}"] = float(self._bytes_got[k])
             return out
 
     def state_dict(self) -> dict[str, Any]:

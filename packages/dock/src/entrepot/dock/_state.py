@@ -62,6 +62,7 @@ def capture(dock: DockLifecycle) -> dict[str, Any]:
         "counts": dict(dock._counts),
         "rows_got": list(dock._rows_got),
         "wait_s": list(dock._wait_s),
+        "bytes_got": list(dock._bytes_got),
     }
 
 
@@ -98,5 +99,6 @@ def restore(dock: DockLifecycle, state: Mapping[str, Any]) -> None:
         generator.set_state(saved_state)
     dock._counts.update(state["counts"])
     dock._rows_got = list(state["rows_got"])
+    dock._bytes_got = list(state.get("bytes_got", [0] * len(dock.consumers)))  # states saved by dock 0.1.0 lack it
     dock._wait_s = list(state["wait_s"])
     dock._recount()

@@ -29,6 +29,16 @@ class Taken:
                 total += part.lengths
         return total if bool(total.any()) else torch.ones_like(total)
 
+    def nbytes(self) -> int:
+        """Bytes of valid data these rows hold in the taken columns (what the get hands out)."""
+        total = 0
+        for part in self.parts.values():
+            if isinstance(part, SeqSnapshot):
+                total += part.numel * part.dtype.itemsize if part.segments else 0
+            else:
+                total += part.nbytes
+        return total
+
     def reorder(self, order: torch.Tensor) -> Taken:
         """The same rows in a new order (int64 [B] permutation)."""
         parts: dict[str, SeqSnapshot | torch.Tensor] = {}
