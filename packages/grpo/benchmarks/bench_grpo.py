@@ -1,10 +1,10 @@
 """Time-to-accuracy of the embedded default: the full system vs a plain single-process loop.
 
 Both runs train the same config (reverse 8 digits, ~100k-param GPT-2, 32 prompts x 8 samples,
-KL 0.04 to the reference) with the same maths. The plain loop (`entrepot.grpo.plain`) keeps
-everything in one process; the full system adds the dock, Ray actor/reward workers and
-train -> infer resharding through the ShardingManager. The ratio of their time per step is the
-overhead of that machinery.
+KL 0.04 to the reference) with the same policy and update code. The plain loop (plain_loop.py, in
+this folder) keeps everything in one process; the full system adds the dock, the Ray worker
+groups (actor, reward) and their calls. The ratio of their time per step is the overhead of that
+machinery.
 
     python packages/grpo/benchmarks/bench_grpo.py [--max-steps 300] [--target 0.9] [--out DIR]
 """
@@ -19,10 +19,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # made a tiny model 5-10x slower 
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))  # plain_loop.py, bench_packing.py
 
 STAGES = (
     "time/reshard_to_infer",
@@ -60,7 +63,7 @@ def _summary(name: str, history: list[dict[str, Any]], wall: float, target: floa
 
 
 def run_plain(config: Any) -> tuple[list[dict[str, Any]], float]:
-    from entrepot.grpo.plain import run_plain as plain
+    from plain_loop import run_plain as plain
 
     start = time.perf_counter()
     history = plain(config)
@@ -122,7 +125,7 @@ def main() -> None:
         if a is not None or b is not None:
             print(f"{key:<24}{_fmt(a):>9}{_fmt(b):>9}")
     ratio = rows[1]["time/step"] / rows[0]["time/step"]
-    print(f"\noverhead ratio (full / plain time per step): {ratio:.2f}x  (target <= 1.5x)")
+    print(f"\noverhead ratio (full / plain time per step): {ratio:.2f}x  (target <= 1.3x)")
     print("\naccuracy curve (full system): step  elapsed_s  accuracy")
     for m in full_hist:
         if "accuracy" in m and (m["step"] % 20 == 0 or m is _first_at(full_hist, args.target)):

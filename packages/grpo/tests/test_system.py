@@ -53,6 +53,7 @@ def test_reward_rises_through_ray(ray_session, tmp_path: Path) -> None:  # type:
 
 def test_two_data_parallel_ranks_stay_in_sync(ray_session, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from entrepot.grpo.trainer import Trainer
+    from entrepot.grpo.workers import ActorWorker, wait_all
 
     config = load_config(None, [*SMALL, "max_steps=2", "resources.num_actor_workers=2",
                                 "rollout.prompts_per_step=8", "eval.every=0"])  # fmt: skip
@@ -62,7 +63,7 @@ def test_two_data_parallel_ranks_stay_in_sync(ray_session, tmp_path: Path) -> No
         trainer.train_step()
         trainer.train_step()
         rank0, rank1 = trainer.parameters(0), trainer.parameters(1)
-        infos = trainer._all(trainer.actors, "runtime_info")
+        infos = wait_all([trainer.actors.call(ActorWorker.runtime_info)], 60)[0]
     finally:
         trainer.close()
     assert {i["omp_wait_policy"] for i in infos} == {"PASSIVE"}  # set before torch loaded in the worker

@@ -27,6 +27,7 @@ __all__ = [
     "GRPOConfig",
     "LoggingConfig",
     "ModelConfig",
+    "PassBatchingConfig",
     "ResourcesConfig",
     "RewardConfig",
     "RolloutConfig",
@@ -36,6 +37,8 @@ __all__ = [
 TaskName = Literal["reverse", "addition", "jsonl", "parquet"]
 KLKind = Literal["k1", "abs", "mse", "low_var_kl", "k3", "clamped"]
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+TrainEngine = Literal["torch"]  # megatron joins when its worker path runs (a choice not wired is not offered)
+RolloutEngine = Literal["torch"]  # vllm likewise
 
 
 def _doc(text: str) -> dict[str, str]:
@@ -189,7 +192,20 @@ class AlgorithmConfig:
         default=True, metadata=_doc("Divide group-centred rewards by the group std (False = Dr. GRPO).")
     )
     dynamic_sampling: bool = field(
-        default=False, metadata=_doc("Drop prompt groups whose rewards all agree (zero advantage).")
+        default=False,
+        metadata=_doc(
+            "DAPO dynamic sampling: after the reward stage, prompt groups whose rewards all agree "
+            "(zero variance, so zero advantage) are dropped from the dock and as many new prompts are "
+            "generated and scored, until the step holds rollout.prompts_per_step varied groups or "
+            "max_resample_rounds extra rounds ran; then the step trains on the varied groups it has "
+            "(metrics sampling/groups_dropped, sampling/rounds, sampling/groups_kept)."
+        ),
+    )
+    max_resample_rounds: int = field(
+        default=3,
+        metadata=_doc(
+            "Extra generate + reward rounds dynamic sampling may run per step to refill dropped groups."
+        ),
     )
     epochs: int = field(default=1, metadata=_doc("Passes of the actor update over each step's batch."))
     mini_batch_size: int | None = field(
@@ -218,6 +234,9 @@ class AlgorithmConfig:
         _check(self.clip_high >= 0, "algorithm.clip_high", self.clip_high, ">= 0")
         _check(self.entropy_coef >= 0, "algorithm.entropy_coef", self.entropy_coef, ">= 0")
         _check(self.epochs >= 1, "algorithm.epochs", self.epochs, ">= 1")
+        _check(
+            self.max_resample_rounds >= 0, "algorithm.max_resample_rounds", self.max_resample_rounds, ">= 0"
+        )
         _check(self.lr > 0, "algorithm.lr", self.lr, "> 0")
         _check(
             len(self.adam_betas) == 2 and all(0 <= b < 1 for b in self.adam_betas),
@@ -260,11 +279,15 @@ class RewardConfig:
 class EngineConfig:
     """Which engines train and generate, on which device."""
 
-    train: Literal["torch", "megatron"] = field(
-        default="torch", metadata=_doc("Training engine: torch (embedded) or megatron (extra).")
+    train: TrainEngine = field(
+        default="torch",
+        metadata=_doc(
+            "Training engine: torch (an HF module; megatron-core is not wired into the workers yet)."
+        ),
     )
-    rollout: Literal["torch", "vllm"] = field(
-        default="torch", metadata=_doc("Rollout engine: torch (embedded, KV cache) or vllm (extra).")
+    rollout: RolloutEngine = field(
+        default="torch",
+        metadata=_doc("Rollout engine: torch (KV cache; vLLM is not wired into the workers yet)."),
     )
     device: str = field(default="cpu", metadata=_doc("torch device of the workers: cpu, cuda, npu."))
     offload_train_in_rollout: bool = field(
@@ -272,8 +295,8 @@ class EngineConfig:
     )
 
     def __post_init__(self) -> None:
-        _check_choice("engine.train", self.train, ("torch", "megatron"))
-        _check_choice("engine.rollout", self.rollout, ("torch", "vllm"))
+        _check_choice("engine.train", self.train, typing.get_args(TrainEngine))
+        _check_choice("engine.rollout", self.rollout, typing.get_args(RolloutEngine))
         _check(
             self.device.split(":")[0] in ("cpu", "cuda", "npu"),
             "engine.device",
@@ -283,24 +306,63 @@ class EngineConfig:
 
 
 @dataclass(kw_only=True)
+class PassBatchingConfig:
+    """Micro-batch caps of one forward/backward pass; null takes the batching section's value."""
+
+    max_tokens: int | None = field(
+        default=None,
+        metadata=_doc(
+            "Token budget of a micro-batch of this pass; null = batching.max_tokens_per_micro_batch."
+        ),
+    )
+    max_seqs: int | None = field(
+        default=None,
+        metadata=_doc(
+            "Most sequences in a micro-batch of this pass; null = batching.max_seqs_per_micro_batch."
+        ),
+    )
+
+    def check(self, prefix: str) -> None:
+        for name in ("max_tokens", "max_seqs"):
+            value = getattr(self, name)
+            if value is not None:
+                _check(value >= 1, f"{prefix}.{name}", value, ">= 1 or null")
+
+
+@dataclass(kw_only=True)
 class BatchingConfig:
     """Micro-batching of the forward/backward passes (entrepot.batching)."""
 
     remove_padding: bool = field(
-        default=False,
+        default=True,
         metadata=_doc(
-            "Pack valid tokens into one row (cu_seqlens) instead of padding. Pays off with varied lengths "
-            "and flash-attn on GPU; off by default: on CPU with the default's equal lengths it is slower."
+            "Run log-probs and the update on packed sequences (one row, cu_seqlens, varlen attention) "
+            "instead of a padded grid: no compute on pad tokens."
         ),
     )
     dynamic_batch_size: bool = field(
-        default=True, metadata=_doc("Form micro-batches under max_tokens_per_micro_batch.")
+        default=True, metadata=_doc("Form micro-batches under a token budget (else micro_batch_size rows).")
     )
     max_tokens_per_micro_batch: int = field(
-        default=8192, metadata=_doc("Token budget of a micro-batch (dynamic batch size).")
+        default=8192,
+        metadata=_doc(
+            "Token budget of a micro-batch (dynamic batch size); >= the longest prompt + response."
+        ),
+    )
+    max_seqs_per_micro_batch: int | None = field(
+        default=None, metadata=_doc("Most sequences in a dynamic micro-batch; null = no cap.")
     )
     micro_batch_size: int = field(
         default=64, metadata=_doc("Responses per micro-batch when dynamic_batch_size is off.")
+    )
+    ref_log_prob: PassBatchingConfig = field(
+        default_factory=PassBatchingConfig, metadata=_doc("Caps of the reference log-prob pass.")
+    )
+    old_log_prob: PassBatchingConfig = field(
+        default_factory=PassBatchingConfig, metadata=_doc("Caps of the old (sampling policy) log-prob pass.")
+    )
+    update: PassBatchingConfig = field(
+        default_factory=PassBatchingConfig, metadata=_doc("Caps of the actor update (forward + backward).")
     )
     dp_balance: bool = field(
         default=True, metadata=_doc("Balance tokens across DP ranks (Karmarkar-Karp) when DP > 1.")
@@ -313,7 +375,23 @@ class BatchingConfig:
             self.max_tokens_per_micro_batch,
             ">= 1",
         )
+        if self.max_seqs_per_micro_batch is not None:
+            _check(
+                self.max_seqs_per_micro_batch >= 1,
+                "batching.max_seqs_per_micro_batch",
+                self.max_seqs_per_micro_batch,
+                ">= 1 or null",
+            )
         _check(self.micro_batch_size >= 1, "batching.micro_batch_size", self.micro_batch_size, ">= 1")
+        for name in ("ref_log_prob", "old_log_prob", "update"):
+            getattr(self, name).check(f"batching.{name}")
+
+    def limits(self, name: str) -> tuple[int, int | None]:
+        """(token budget, sequence cap) of pass `name` (ref_log_prob, old_log_prob or update)."""
+        caps: PassBatchingConfig = getattr(self, name)
+        tokens = caps.max_tokens if caps.max_tokens is not None else self.max_tokens_per_micro_batch
+        seqs = caps.max_seqs if caps.max_seqs is not None else self.max_seqs_per_micro_batch
+        return tokens, seqs
 
 
 @dataclass(kw_only=True)
@@ -337,6 +415,13 @@ class ResourcesConfig:
     num_cpus_per_worker: float = field(
         default=0.01, metadata=_doc("Ray CPUs reserved per worker (fractional shares co-locate).")
     )
+    stage_timeout_s: float = field(
+        default=900.0,
+        metadata=_doc(
+            "Longest a stage may wait for its dock rows, and the driver for a stage's result; "
+            "past it the step fails naming the stage (no silent hang)."
+        ),
+    )
 
     def __post_init__(self) -> None:
         _check(self.num_actor_workers >= 1, "resources.num_actor_workers", self.num_actor_workers, ">= 1")
@@ -344,6 +429,7 @@ class ResourcesConfig:
         _check(
             self.num_cpus_per_worker >= 0, "resources.num_cpus_per_worker", self.num_cpus_per_worker, ">= 0"
         )
+        _check(self.stage_timeout_s > 0, "resources.stage_timeout_s", self.stage_timeout_s, "> 0")
 
 
 @dataclass(kw_only=True)
@@ -442,6 +528,7 @@ class GRPOConfig:
         self._check_batches()
         self._check_workers()
         self._check_positions()
+        self._check_token_budgets()
 
     def _check_batches(self) -> None:
         batch = self.rollout.batch_size
@@ -483,13 +570,6 @@ class GRPOConfig:
             workers,
             "1 when resources.use_ray is false",
         )
-        if self.engine.rollout == "vllm" or self.engine.train == "megatron":
-            _check(
-                self.resources.use_ray,
-                "resources.use_ray",
-                False,
-                "true when engine.train=megatron or engine.rollout=vllm",
-            )
 
     def _check_positions(self) -> None:
         """A synthetic prompt plus its response must fit the built decoder's learned positions."""
@@ -503,4 +583,30 @@ class GRPOConfig:
                 "model.max_positions",
                 self.model.max_positions,
                 f">= {need} (prompt + response tokens of data.task={self.data.task!r})",
+            )
+
+    def longest_sequence(self) -> int:
+        """Most tokens one prompt + response can have under this config (what micro-batches must hold)."""
+        if self.data.task in ("reverse", "addition"):
+            digits, addition = self.data.num_digits, self.data.task == "addition"
+            answer = digits + 1 if addition else digits
+            prompt = 2 * digits + 2 if addition else digits + 1
+            return prompt + (self.rollout.max_new_tokens or answer)
+        return self.data.max_prompt_tokens + (self.rollout.max_new_tokens or 64)
+
+    def _check_token_budgets(self) -> None:
+        """Each pass's micro-batch token budget must hold the longest possible sequence (never truncated)."""
+        if not self.batching.dynamic_batch_size:
+            return
+        longest = self.longest_sequence()
+        for name in ("ref_log_prob", "old_log_prob", "update"):
+            budget, _ = self.batching.limits(name)
+            override = getattr(self.batching, name).max_tokens is not None
+            key = f"batching.{name}.max_tokens" if override else "batching.max_tokens_per_micro_batch"
+            _check(
+                budget >= longest,
+                key,
+                budget,
+                f">= {longest}, the longest prompt + response this config allows "
+                "(data.max_prompt_tokens or the task's prompt, plus rollout.max_new_tokens)",
             )

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from entrepot.grpo.config import GRPOConfig, config_from_dict, config_to_dict, dump_yaml
+from entrepot.grpo.config import GRPOConfig, config_from_dict, dump_yaml
 from entrepot.grpo.errors import CheckpointError
 
 __all__ = ["TrainResult", "evaluate", "train"]
@@ -94,8 +94,8 @@ def evaluate(path: str | Path, num_prompts: int | None = None) -> dict[str, floa
         {**meta["config"], "resources": {**meta["config"]["resources"], "num_actor_workers": 1}}
     )
     state, _ = ckpt.read_checkpoint(target, 0)
-    worker = ActorWorker(config_to_dict(config))
-    worker.load_state(state)
+    worker = ActorWorker(config)
+    worker.load_state([state])
     result = worker.evaluate(num_prompts)
     result["step"] = float(meta["step"])
     return result

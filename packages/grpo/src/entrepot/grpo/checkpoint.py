@@ -21,7 +21,7 @@ import torch
 from entrepot.grpo.errors import CheckpointError
 
 if TYPE_CHECKING:
-    from entrepot.grpo.workers import ActorWorker
+    from entrepot.grpo.policy import Policy
 
 __all__ = ["capture_state", "latest_checkpoint", "read_checkpoint", "restore_state", "write_checkpoint"]
 
@@ -32,7 +32,7 @@ def _params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone().contiguous() for name, p in module.named_parameters()}
 
 
-def capture_state(worker: ActorWorker) -> dict[str, Any]:
+def capture_state(worker: Policy) -> dict[str, Any]:
     """Everything a rank needs to continue exactly: tensors per file plus JSON-able values."""
     optim = worker.optimizer.state_dict()
     optim_tensors = {
@@ -50,8 +50,8 @@ def capture_state(worker: ActorWorker) -> dict[str, Any]:
     }
 
 
-def restore_state(worker: ActorWorker, state: Mapping[str, Any]) -> None:
-    """Load a `capture_state` result into a freshly built worker of the same config."""
+def restore_state(worker: Policy, state: Mapping[str, Any]) -> None:
+    """Load a `capture_state` result into a freshly built policy of the same config."""
     with torch.no_grad():
         for module, key in ((worker.model, "model"), (worker.reference, "reference")):
             if module is None:

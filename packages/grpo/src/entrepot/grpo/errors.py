@@ -8,6 +8,7 @@ __all__ = [
     "GRPOConfigError",
     "GRPOError",
     "RewardError",
+    "StageError",
     "UnknownRewardError",
 ]
 
@@ -40,3 +41,27 @@ class UnknownRewardError(RewardError, KeyError):
 
 class CheckpointError(GRPOError, RuntimeError):
     """A checkpoint directory is missing, incomplete, or does not match the configuration."""
+
+
+class StageError(GRPOError, RuntimeError):
+    """A stage of a step failed on a worker (or did not answer in time).
+
+    Attributes:
+        stage: the stage (dock consumer) that failed, e.g. ``rule_reward``.
+        worker: the worker, e.g. ``reward rank 0``.
+        rows: the dock rows it was working on (None when it had not taken any).
+        reason: what went wrong (the original exception's type and message).
+    """
+
+    def __init__(self, stage: str, worker: str, rows: list[int] | None, reason: str) -> None:
+        self.stage, self.worker, self.rows, self.reason = stage, worker, rows, reason
+        where = "" if rows is None else f" on rows {_rows_text(rows)}"
+        super().__init__(f"stage {stage!r} failed in {worker}{where}: {reason}")
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, list[int] | None, str]]:
+        return (type(self), (self.stage, self.worker, self.rows, self.reason))  # crosses Ray intact
+
+
+def _rows_text(rows: list[int]) -> str:
+    shown = ", ".join(str(r) for r in rows[:8])
+    return f"[{shown}{', ...' if len(rows) > 8 else ''}] ({len(rows)} rows)"

@@ -10,11 +10,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from entrepot.grpo.config import LoggingConfig
 
-__all__ = ["MetricsWriter", "merge_rank_metrics", "read_metrics"]
+__all__ = ["MetricsWriter", "dock_step_metrics", "merge_rank_metrics", "read_metrics"]
 
-# Stage timings of parallel ranks overlap: the step waits for the slowest one.
-_MAX_KEYS = ("time/",)
+# Stage timings of parallel ranks overlap: the step waits for the slowest one; memory peaks likewise.
+_MAX_KEYS = ("time/", "memory/")
+_MAX_SUFFIXES = ("_max",)
 _SUM_KEYS = ("rollout_tokens", "train_tokens")
+_DOCK_COUNTERS = (("rows_got", "rows"), ("bytes_got", "bytes"), ("wait_s", "wait_s"))
 
 
 def merge_rank_metrics(
@@ -27,12 +29,35 @@ def merge_rank_metrics(
             merged.setdefault(key, []).append(float(value))
     out: dict[str, float] = {}
     for key, values in merged.items():
-        if key.startswith(_MAX_KEYS):
+        if key.startswith(_MAX_KEYS) or key.endswith(_MAX_SUFFIXES):
             out[key] = max(values)
         elif key in _SUM_KEYS:
             out[key] = sum(values)
         else:
             out[key] = sum(values) / len(values)
+    return out
+
+
+def dock_step_metrics(totals: Mapping[str, float], previous: dict[str, float]) -> dict[str, float]:
+    """This step's rows, bytes and wait seconds per dock consumer (`dock/<consumer>/<figure>`).
+
+    Args:
+        totals: the dock's cumulative `metrics()` now.
+        previous: the totals at the previous call (updated in place).
+
+    Consumers that read nothing this step are left out.
+    """
+    out: dict[str, float] = {}
+    for counter, figure in _DOCK_COUNTERS:
+        prefix = f"dock/{counter}/"
+        for key, value in totals.items():
+            if not key.startswith(prefix):
+                continue
+            delta = value - previous.get(key, 0.0)
+            previous[key] = value
+            consumer = key[len(prefix) :]
+            if delta or f"dock/{consumer}/rows" in out:
+                out[f"dock/{consumer}/{figure}"] = delta
     return out
 
 

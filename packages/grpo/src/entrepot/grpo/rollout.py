@@ -42,7 +42,7 @@ class RolloutEngine(Protocol):
 
     def generate(
         self,
-        prompts: Sequence[Sequence[int]],
+        prompts: Sequence[Sequence[int] | torch.Tensor],
         params: SamplingParams,
         *,
         pad_token_id: int = 0,
@@ -242,7 +242,7 @@ class GPT2RolloutEngine:
     @torch.no_grad()
     def generate(
         self,
-        prompts: Sequence[Sequence[int]],
+        prompts: Sequence[Sequence[int] | torch.Tensor],
         params: SamplingParams,
         *,
         pad_token_id: int = 0,
@@ -265,7 +265,7 @@ class GPT2RolloutEngine:
         ids = torch.full((b, prompt_len), pad_token_id, dtype=torch.long, device=dev)
         key_mask = torch.zeros(b, total, dtype=torch.bool, device=dev)
         for row, p in enumerate(prompts):
-            ids[row, prompt_len - len(p) :] = torch.as_tensor(list(p), dtype=torch.long)
+            ids[row, prompt_len - len(p) :] = torch.as_tensor(p, dtype=torch.long)
             key_mask[row, prompt_len - len(p) : prompt_len] = True
         positions = (key_mask[:, :prompt_len].long().cumsum(-1) - 1).clamp(min=0)  # [B, Lp]
         next_pos = key_mask[:, :prompt_len].sum(-1)  # [B]

@@ -33,7 +33,7 @@ class HFRolloutEngine(_engine_base()):  # type: ignore[misc]
     @torch.no_grad()
     def generate(
         self,
-        prompts: Sequence[Sequence[int]],
+        prompts: Sequence[Sequence[int] | torch.Tensor],
         params: SamplingParams,
         *,
         pad_token_id: int = 0,
@@ -46,7 +46,7 @@ class HFRolloutEngine(_engine_base()):  # type: ignore[misc]
         ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for row, p in enumerate(prompts):
-            ids[row, width - len(p) :] = torch.as_tensor(list(p), dtype=torch.long)
+            ids[row, width - len(p) :] = torch.as_tensor(p, dtype=torch.long)
             mask[row, width - len(p) :] = 1
         sample = params.temperature > 0
         out = module.generate(

@@ -1,18 +1,23 @@
-"""The GRPO fit loop of the full system: dock, co-located actor workers and reward workers on Ray.
+"""The GRPO fit loop of the full system: the dock, an actor worker group and a reward worker group.
 
-One iteration, every stage a dock consumer (the loop below reads in this order):
+One iteration, every stage a dock consumer (`train_step` reads in this order):
 
     put prompts (n samples each) -> rollout (actor in infer mode) -> rule reward
+    [dynamic sampling: drop zero-variance groups, put new prompts, rollout + reward again, up to
+     algorithm.max_resample_rounds rounds]
     -> reference log-probs -> old log-probs (skipped when provably equal to the current ones:
-    one epoch, one mini-batch) -> group advantages -> actor update (train mode) -> metrics -> clear
+    one epoch, one mini-batch) -> group advantages (here, in the driver) -> actor update (each DP
+    rank the rows planned for it) -> metrics -> clear
 
-Workers run as Ray actors (``resources.use_ray``) or, with the same code, in this process.
+The trainer calls typed methods on worker groups (`entrepot.grpo.workers`); whether the workers are
+Ray actors or objects in this process is decided once, in `launch`. With `resources.blocking`
+each stage waits for the previous one; without it the stages of a phase start together and wait in
+the dock for their inputs, and the first failure fails the step (`StageError`).
 """
 
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,18 +28,12 @@ import torch
 from entrepot.grpo import checkpoint as ckpt
 from entrepot.grpo.config import GRPOConfig, config_to_dict
 from entrepot.grpo.data import build_task, encode_prompt
-from entrepot.grpo.metrics import MetricsWriter, merge_rank_metrics
-from entrepot.grpo.stages import shaped_advantages
-from entrepot.grpo.threads import configure_threads, worker_env
-from entrepot.grpo.workers import ActorWorker, RewardWorker, column_rows, text_tensor
+from entrepot.grpo.losses import group_advantages, keep_varied_groups, sequence_kl
+from entrepot.grpo.metrics import MetricsWriter, dock_step_metrics, merge_rank_metrics
+from entrepot.grpo.threads import configure_threads
+from entrepot.grpo.workers import ActorWorker, Pending, RewardWorker, launch, text_tensor, wait_all
 
 __all__ = ["Trainer"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Trainer:
@@ -47,56 +46,19 @@ class Trainer:
     """
 
     def __init__(self, config: GRPOConfig, run_dir: str | Path, *, resume: bool = False) -> None:
-        from entrepot.dock import GRPODock
-
         self.config = config
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         configure_threads(config.threads)
-        cfg_dict = config_to_dict(config)
-        world = config.resources.num_actor_workers
-        dock_args: dict[str, Any] = {
-            "prompts_num": config.rollout.prompts_per_step,
-            "n_samples_per_prompt": config.rollout.n_samples_per_prompt,
-            "extra_columns": ("answer", "accuracy"),
-            "seed": config.seed,
-        }
-        dist_init = f"tcp://127.0.0.1:{_free_port()}" if world > 1 else ""
-        if config.resources.use_ray:
-            import ray
-
-            if not ray.is_initialized():
-                ray.init(
-                    address=config.resources.ray_address,
-                    runtime_env={"env_vars": worker_env(config.threads)},
-                    include_dashboard=False,
-                    logging_level="ERROR",
-                    log_to_driver=False,
-                )
-            from entrepot.dock.ray import RayDockClient
-
-            # env_vars reach the worker before it imports torch (OMP_WAIT_POLICY is read at load time)
-            opts = {
-                "num_cpus": config.resources.num_cpus_per_worker,
-                "runtime_env": {"env_vars": worker_env(config.threads)},
-            }
-            self.dock: Any = RayDockClient.launch(GRPODock, num_cpus=0, **dock_args)
-            self.actors = [
-                ray.remote(ActorWorker).options(**opts).remote(cfg_dict, rank, world, dist_init)
-                for rank in range(world)
-            ]
-            self.rewarders = [
-                ray.remote(RewardWorker).options(**opts).remote(cfg_dict)
-                for _ in range(config.resources.num_reward_workers)
-            ]
-        else:
-            self.dock = GRPODock(**dock_args)
-            self.actors = [ActorWorker(cfg_dict)]
-            self.rewarders = [RewardWorker(cfg_dict)]
+        self.cluster = launch(config)
+        self.dock = self.cluster.dock
+        self.actors, self.rewards = self.cluster.actors, self.cluster.rewards
         self.setup = build_task(config, self._tokenizer())
         self.step = 0
+        self.data_position = 0  # prompts drawn so far (dynamic sampling draws more than one batch a step)
         self.history: list[dict[str, Any]] = []  # this session's steps (kept when interrupted)
         self.metrics = MetricsWriter(self.run_dir, config.logging)
+        self._dock_totals: dict[str, float] = {}
         if resume:
             self._resume()
 
@@ -107,30 +69,31 @@ class Trainer:
 
         return AutoTokenizer.from_pretrained(self.config.model.path, local_files_only=True)
 
-    # -- calling workers --------------------------------------------------------------------------
+    # -- running stages -------------------------------------------------------------------------
 
-    def _submit(self, workers: Sequence[Any], method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Start `method` on every worker: Ray futures, or (in-process) the results themselves."""
-        if not self.config.resources.use_ray:
-            return [getattr(w, method)(*args, **kwargs) for w in workers]
-        return [getattr(w, method).remote(*args, **kwargs) for w in workers]
+    def _wait(self, pendings: Sequence[Pending[Any]]) -> list[list[Any]]:
+        return wait_all(pendings, self.config.resources.stage_timeout_s)
 
-    def _resolve(self, handles: Sequence[Any]) -> list[Any]:
-        """Results of `_submit` (waits for Ray futures)."""
-        if not self.config.resources.use_ray:
-            return list(handles)
-        import ray
+    def _run(self, starts: Sequence[Callable[[], Pending[dict[str, float]]]]) -> list[dict[str, float]]:
+        """Start the stages in order: one after another (blocking) or all together; per-rank results."""
+        if self.config.resources.blocking:
+            waited = [self._wait([start()])[0] for start in starts]
+        else:
+            waited = self._wait([start() for start in starts])
+        return [stats for per_rank in waited for stats in per_rank]
 
-        return [ray.get(h) if isinstance(h, ray.ObjectRef) else h for h in handles]
-
-    def _all(self, workers: Sequence[Any], method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Call `method` on every worker (concurrently on Ray) and wait for the results."""
-        return self._resolve(self._submit(workers, method, *args, **kwargs))
+    def _share(self, num_groups: int, ranks: int) -> int:
+        """Rows per rank and get: whole prompt groups, every group covered."""
+        return -(-num_groups // ranks) * self.config.rollout.n_samples_per_prompt
 
     # -- the loop -------------------------------------------------------------------------------
 
     def fit(self, on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-        """Run steps until `max_steps` (or the target accuracy); checkpoint on Ctrl-C and re-raise."""
+        """Run steps until `max_steps` (or the target accuracy); checkpoint on Ctrl-C and re-raise.
+
+        A failed step (`StageError`, a timeout) propagates without a checkpoint: the run directory
+        keeps its last good one, and `--resume` continues from there.
+        """
         history = self.history
         try:
             while self.step < self.config.max_steps:
@@ -154,170 +117,256 @@ class Trainer:
     def train_step(self) -> dict[str, Any]:
         """One GRPO iteration through the dock; returns the step's metrics."""
         cfg = self.config
-        algo, rollout = cfg.algorithm, cfg.rollout
-        n, batch_size = rollout.n_samples_per_prompt, rollout.batch_size
-        per_actor = batch_size // len(self.actors)
-        per_rewarder = batch_size // len(self.rewarders)
+        algo = cfg.algorithm
         t_start = time.perf_counter()
 
-        # 1. prompts: n rows per prompt, answers travel as UTF-8 bytes for the reward workers
-        samples = self.setup.source.batch(self.step * rollout.prompts_per_step, rollout.prompts_per_step)
-        prompts = [
-            torch.tensor(encode_prompt(self.setup, s.prompt, cfg.data.max_prompt_tokens)) for s in samples
-        ]
-        self.dock.put_prompts(prompts, n, extra={"answer": [text_tensor(s.answer) for s in samples]})
+        # 1-3. prompts -> rollout -> reward; dynamic sampling refills dropped groups.
+        #      Without dynamic sampling the log-prob stages start in the same phase (they wait in
+        #      the dock for responses, overlapping the reward workers when blocking is off).
+        mini = algo.mini_batch_size or cfg.rollout.batch_size
+        log_prob_stages = [] if algo.dynamic_sampling else self._log_prob_stages(cfg.rollout.prompts_per_step)
+        rows, stage_stats, sampling = self._sample(log_prob_stages)
 
-        # With resources.blocking=false the stages are only started here; each one waits in the
-        # dock for its input columns, so the reward workers score while the actor computes the
-        # reference log-probs. Actor calls run in submission order on each actor.
-        run = self._all if cfg.resources.blocking else self._submit
-
-        # 2. rollout: each actor rank reshards train -> infer and generates its share
-        rollout_stats = run(self.actors, "rollout", self.dock, per_actor)
-
-        # 3. rule reward
-        reward_stats = run(self.rewarders, "score", self.dock, per_rewarder)
-
-        # 4. reference log-probs (the reference shares the actor's device: full co-location)
-        ref_stats = run(self.actors, "reference_logprobs", self.dock, per_actor) if algo.kl_coef > 0 else []
-
-        # 5. old log-probs, only when the update takes more than one optimiser step (or KL goes in the reward)
-        single_step = algo.epochs == 1 and (algo.mini_batch_size in (None, batch_size))
-        need_old = not single_step or (algo.kl_in_reward and algo.kl_coef > 0)
-        old_stats = run(self.actors, "old_logprobs", self.dock, per_actor) if need_old else []
+        # 4-5. reference and old log-probs of the kept rows (dynamic sampling: only now they are final)
+        if algo.dynamic_sampling and rows.numel():
+            stage_stats += self._run(self._log_prob_stages(rows.numel() // cfg.rollout.n_samples_per_prompt))
 
         # 6. group advantages (driver-side consumer)
         t_adv = time.perf_counter()
-        scores = self._advantages()
+        scores = self._advantages(rows)
         t_adv = time.perf_counter() - t_adv
 
-        # 7. actor update: DP ranks take their shares, gradients are averaged
-        shares = self._dp_balanced_rows()
-        if shares is None:
-            update_stats = run(self.actors, "update", self.dock, per_actor, with_old=need_old)
-        else:
-            # Start every rank before waiting on any: ranks meet in the gradient all-reduce.
-            update_stats = [
-                self._submit([actor], "update", self.dock, per_actor, with_old=need_old, indexes=rows)[0]
-                for actor, rows in zip(self.actors, shares, strict=True)
-            ]
-        stage_stats = self._resolve([*rollout_stats, *reward_stats, *ref_stats, *old_stats])
-        update_stats = self._resolve(update_stats)
+        # 7. actor update: each DP rank trains on the rows planned for it, gradients summed over ranks
+        plan, balance = self._update_plan(rows, mini)
+        with_old = self._need_old(rows.numel())
+        update_stats = self._run(
+            [lambda: self.actors.call(ActorWorker.update, self.dock, plan, with_old=with_old)]
+        )
 
         # 8. metrics, evaluation, clear
-        stats = self.dock.get("grpo_metrics", ["rm_scores", "accuracy", "response_length"], batch_size)
+        stats = None
+        if rows.numel():
+            stats = self.dock.get("grpo_metrics", ["accuracy", "response_length"], rows.numel(),
+                                  indexes=rows, timeout=cfg.resources.stage_timeout_s)  # fmt: skip
+        dock_metrics = dock_step_metrics(self.dock.metrics(), self._dock_totals)
         self.dock.clear()
         self.step += 1
         step_time = time.perf_counter() - t_start
         metrics: dict[str, Any] = {
             "step": self.step,
-            "reward_mean": float(scores.mean()),
-            "reward_std": float(scores.std()),
-            "train_accuracy": float(stats.data["accuracy"].mean()),
-            "response_length": float(stats.data["response_length"].float().mean()),
-            "response_length_max": float(stats.data["response_length"].max()),
+            "reward_mean": float(scores.mean()) if scores.numel() else 0.0,
+            "reward_std": float(scores.std()) if scores.numel() > 1 else 0.0,
             "time/advantages": t_adv,
             "time/step": step_time,
+            **sampling,
+            **balance,
+            **dock_metrics,
         }
+        if stats is not None:
+            metrics["train_accuracy"] = float(stats.data["accuracy"].mean())
+            metrics["response_length"] = float(stats.data["response_length"].float().mean())
+            metrics["response_length_max"] = float(stats.data["response_length"].max())
         metrics.update(merge_rank_metrics(stage_stats, update_stats))
-        generated = metrics["rollout_tokens"]
-        metrics["tokens_per_s"] = generated / step_time
+        metrics["tokens_per_s"] = metrics.get("rollout_tokens", 0.0) / step_time
         if (cfg.eval.every and self.step % cfg.eval.every == 0) or self.step == cfg.max_steps:
             t_eval = time.perf_counter()
-            metrics.update(self._all(self.actors[:1], "evaluate")[0])
+            metrics.update(self._wait([self.actors.call(ActorWorker.evaluate)])[0][0])
             metrics["time/eval"] = time.perf_counter() - t_eval
         return metrics
 
-    def _dp_balanced_rows(self) -> list[list[int]] | None:
-        """Rows per DP rank with even token totals (whole prompt groups, equal counts), or None."""
-        world = len(self.actors)
-        if world == 1 or not self.config.batching.dp_balance:
-            return None
-        from entrepot.batching import balance_across_ranks
+    def _log_prob_stages(self, num_groups: int) -> list[Callable[[], Pending[dict[str, float]]]]:
+        """Starters of the reference and old log-prob stages over `num_groups` prompt groups."""
+        algo = self.config.algorithm
+        count = self._share(num_groups, len(self.actors.ranks))
+        starts: list[Callable[[], Pending[dict[str, float]]]] = []
+        if algo.kl_coef > 0:
+            starts.append(lambda: self.actors.call(ActorWorker.reference_logprobs, self.dock, count))
+        if self._need_old(num_groups * self.config.rollout.n_samples_per_prompt):
+            starts.append(lambda: self.actors.call(ActorWorker.old_logprobs, self.dock, count))
+        return starts
 
-        rows = torch.arange(self.config.rollout.batch_size)  # the dock holds exactly one step's rows
-        batch = self.dock.peek(["prompt_length", "response_length"], rows)
-        lengths = (batch.data["prompt_length"] + batch.data["response_length"]).tolist()
-        plan = balance_across_ranks(lengths, world, group_size=self.config.rollout.n_samples_per_prompt,
-                                    equal_count=True)  # fmt: skip
-        return [[int(rows[i]) for i in rank] for rank in plan.ranks]
+    def _need_old(self, num_rows: int) -> bool:
+        """Old log-probs are needed unless the update takes exactly one optimiser step (or KL is a reward)."""
+        algo = self.config.algorithm
+        mini = algo.mini_batch_size or self.config.rollout.batch_size
+        single_step = algo.epochs == 1 and num_rows <= mini
+        return not single_step or (algo.kl_in_reward and algo.kl_coef > 0)
 
-    def _advantages(self) -> torch.Tensor:
-        """Group-normalised advantages for all rows, put back as per-response-token values."""
+    # -- sampling (with dynamic sampling's drop and refill) --------------------------------------
+
+    def _put_prompts(self, count: int) -> torch.Tensor:
+        """Draw `count` prompts from the data source and fan each out to its n rows; returns the rows."""
         cfg = self.config
-        n = cfg.rollout.n_samples_per_prompt
-        columns = ["rm_scores", "response_length"]
-        kl_in_reward = cfg.algorithm.kl_in_reward and cfg.algorithm.kl_coef > 0
-        columns += ["ref_log_prob", "old_log_prob"] if kl_in_reward else []
-        batch = self.dock.get("compute_advantage", columns, cfg.rollout.batch_size)
-        order = batch.indexes.argsort()  # rows of a prompt group are contiguous in the dock
-        scores = batch.data["rm_scores"][order].float()
-        if kl_in_reward:
-            ref = torch.nn.utils.rnn.pad_sequence(
-                [column_rows(batch, "ref_log_prob")[i] for i in order], True
-            )
-            old = torch.nn.utils.rnn.pad_sequence(
-                [column_rows(batch, "old_log_prob")[i] for i in order], True
-            )
-            mask = (torch.arange(ref.shape[1])[None] < batch.data["response_length"][order][:, None]).float()
-            advantages = shaped_advantages(
-                scores, n, cfg.algorithm, logp=old, ref_logp=ref, response_mask=mask
-            )
-        else:
-            advantages = shaped_advantages(scores, n, cfg.algorithm)
-        if cfg.algorithm.dynamic_sampling:
-            from entrepot.grpo.algorithm import keep_varied_groups
-
-            advantages = advantages * keep_varied_groups(scores, n)
-        lengths = batch.data["response_length"][order].tolist()
-        values = [
-            torch.full((max(1, length),), float(a))
-            for a, length in zip(advantages.tolist(), lengths, strict=True)
+        samples = self.setup.source.batch(self.data_position, count)
+        self.data_position += count
+        prompts = [
+            torch.tensor(encode_prompt(self.setup, s.prompt, cfg.data.max_prompt_tokens)) for s in samples
         ]
-        self.dock.put({"advantages": values}, batch.indexes[order])
+        return self.dock.put_prompts(prompts, cfg.rollout.n_samples_per_prompt,
+                                     extra={"answer": [text_tensor(s.answer) for s in samples]})  # fmt: skip
+
+    def _generate(
+        self, count: int, also: Sequence[Callable[[], Pending[dict[str, float]]]] = ()
+    ) -> tuple[torch.Tensor, list[dict[str, float]]]:
+        """Put `count` prompts, then rollout and reward them (and run `also` in the same phase)."""
+        rows = self._put_prompts(count)
+        per_actor = self._share(count, len(self.actors.ranks))
+        per_rewarder = self._share(count, len(self.rewards.ranks))
+        stats = self._run([
+            lambda: self.actors.call(ActorWorker.rollout, self.dock, per_actor),
+            lambda: self.rewards.call(RewardWorker.score, self.dock, per_rewarder),
+            *also,
+        ])  # fmt: skip
+        return rows, stats
+
+    def _sample(
+        self, also: Sequence[Callable[[], Pending[dict[str, float]]]]
+    ) -> tuple[torch.Tensor, list[dict[str, float]], dict[str, float]]:
+        """Rows of this step (whole groups, group after group), stage stats and sampling metrics."""
+        cfg = self.config
+        n, wanted = cfg.rollout.n_samples_per_prompt, cfg.rollout.prompts_per_step
+        rows, stats = self._generate(wanted, also)
+        if not cfg.algorithm.dynamic_sampling:
+            return rows, stats, {}
+        kept, dropped, rounds = self._drop_uniform_groups(rows), 0, 0
+        dropped += (rows.numel() - kept.numel()) // n
+        while kept.numel() < wanted * n and rounds < cfg.algorithm.max_resample_rounds:
+            rounds += 1
+            new_rows, more = self._generate(wanted - kept.numel() // n)
+            stats += more
+            new_kept = self._drop_uniform_groups(new_rows)
+            dropped += (new_rows.numel() - new_kept.numel()) // n
+            kept = torch.cat([kept, new_kept])
+        return (
+            kept,
+            stats,
+            {
+                "sampling/groups_dropped": float(dropped),
+                "sampling/rounds": float(rounds),
+                "sampling/groups_kept": float(kept.numel() // n),
+            },
+        )
+
+    def _drop_uniform_groups(self, rows: torch.Tensor) -> torch.Tensor:
+        """Clear the groups of `rows` whose rewards all agree from the dock; return the kept rows."""
+        n = self.config.rollout.n_samples_per_prompt
+        scores = self.dock.peek(["rm_scores"], rows).data["rm_scores"]
+        keep = keep_varied_groups(scores, n)
+        if not bool(keep.all()):
+            self.dock.clear(rows[~keep])
+        return rows[keep]
+
+    # -- driver-side stages ---------------------------------------------------------------------
+
+    def _advantages(self, rows: torch.Tensor) -> torch.Tensor:
+        """Group-normalised advantages of `rows` (one per response) into the dock; returns the scores."""
+        algo = self.config.algorithm
+        if rows.numel() == 0:
+            return torch.zeros(0)
+        kl_in_reward = algo.kl_in_reward and algo.kl_coef > 0
+        columns = [
+            "rm_scores",
+            "response_length",
+            *(["ref_log_prob", "old_log_prob"] if kl_in_reward else []),
+        ]
+        batch = self.dock.get("compute_advantage", columns, rows.numel(), indexes=rows, layout="packed",
+                              timeout=self.config.resources.stage_timeout_s)  # fmt: skip
+        assert batch is not None  # explicit rows are never "all consumed"
+        scores = batch.data["rm_scores"].float()  # [B], group after group
+        rewards = scores
+        if kl_in_reward:
+            lengths = batch.data["response_length"]
+            kl = sequence_kl(batch.data["old_log_prob"], batch.data["ref_log_prob"], lengths, algo.kl_kind)
+            rewards = scores - algo.kl_coef * kl
+        n = self.config.rollout.n_samples_per_prompt
+        advantages = group_advantages(rewards, n, normalize_std=algo.normalize_std)
+        self.dock.put({"advantages": advantages}, batch.indexes)
         return scores
+
+    def _update_plan(self, rows: torch.Tensor, mini: int) -> tuple[list[list[list[int]]], dict[str, float]]:
+        """Per DP rank, the dock rows of each mini-batch; and the token imbalance across ranks.
+
+        Mini-batches are consecutive runs of whole groups; inside each, `batching.dp_balance` spreads
+        the groups over ranks with even token totals (else contiguous shares).
+        """
+        cfg = self.config
+        n, world = cfg.rollout.n_samples_per_prompt, self.actors.ranks[0].dp_size
+        plan: list[list[list[int]]] = [[] for _ in range(world)]
+        if rows.numel() == 0:
+            return [[[]] for _ in range(world)], {}
+        lengths = self._lengths(rows)
+        rank_tokens = [0] * world
+        for start in range(0, rows.numel(), mini):
+            part = rows[start : start + mini]
+            part_lengths = lengths[start : start + mini].tolist()
+            shares = self._split_groups(part_lengths, world, n)
+            for rank, share in enumerate(shares):
+                plan[rank].append([int(part[i]) for i in share])
+                rank_tokens[rank] += sum(part_lengths[i] for i in share)
+        mean = sum(rank_tokens) / world
+        return plan, {"dp/token_imbalance": max(rank_tokens) / mean - 1 if mean else 0.0}
+
+    def _split_groups(self, lengths: list[int], world: int, n: int) -> list[list[int]]:
+        if world == 1:
+            return [list(range(len(lengths)))]
+        if self.config.batching.dp_balance:
+            from entrepot.batching import balance_across_ranks
+
+            return balance_across_ranks(lengths, world, group_size=n, equal_count=True).ranks
+        groups = len(lengths) // n
+        per = -(-groups // world)
+        return [list(range(r * per * n, min((r + 1) * per, groups) * n)) for r in range(world)]
+
+    def _lengths(self, rows: torch.Tensor) -> torch.Tensor:
+        """Prompt + response tokens of each of `rows`."""
+        batch = self.dock.peek(["prompt_length", "response_length"], rows)
+        return batch.data["prompt_length"] + batch.data["response_length"]
 
     # -- checkpoints ----------------------------------------------------------------------------
 
     def save(self) -> Path:
         """Write a checkpoint of the current step and prune old ones."""
-        states = self._all(self.actors, "state")
+        states = self._wait([self.actors.call(ActorWorker.state)])[0]
         directory = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
-        meta = {"step": self.step, "data_position": self.step * self.config.rollout.prompts_per_step,
-                "config": config_to_dict(self.config)}  # fmt: skip
+        meta = {"step": self.step, "data_position": self.data_position, "config": config_to_dict(self.config)}
         ckpt.write_checkpoint(directory, states, meta, dock=lambda path: self.dock.save(str(path)))
         ckpt.prune(self.run_dir, self.config.checkpoint.keep_last)
         return directory
 
     def _resume(self) -> None:
+        from entrepot.grpo.errors import CheckpointError
+
         directory = ckpt.latest_checkpoint(self.run_dir)
         if directory is None:
-            from entrepot.grpo.errors import CheckpointError
-
             raise CheckpointError(
                 f"nothing to resume: {str(self.run_dir)!r} has no checkpoints/step_* directory"
             )
-        for rank, actor in enumerate(self.actors):
+        states = []
+        meta: dict[str, Any] = {}
+        for rank in range(len(self.actors.ranks)):
             state, meta = ckpt.read_checkpoint(directory, rank)
-            self._all([actor], "load_state", state)
+            states.append(state)
+        self._wait([self.actors.call(ActorWorker.load_state, states)])
         if (directory / "dock.pt").is_file():
             self.dock.load(str(directory / "dock.pt"))
         self.step = int(meta["step"])
+        self.data_position = int(meta["data_position"])
         self.metrics.truncate(self.step)  # steps after the checkpoint run again
         (self.run_dir / "resumed_from.json").write_text(
             json.dumps({"checkpoint": str(directory), "step": self.step})
         )
 
+    # -- inspection (tests, benchmarks) ---------------------------------------------------------
+
     def parameters(self, rank: int = 0) -> dict[str, torch.Tensor]:
         """A copy of rank `rank`'s trainable parameters."""
-        return dict(self._all(self.actors[rank : rank + 1], "parameters_digest")[0])
+        return dict(self._wait([self.actors.call(ActorWorker.parameters_digest)])[0][rank])
+
+    def gradients(self, rank: int = 0) -> dict[str, torch.Tensor]:
+        """A copy of rank `rank`'s gradients of the last optimiser step (after clipping)."""
+        return dict(self._wait([self.actors.call(ActorWorker.gradients_digest)])[0][rank])
 
     def close(self) -> None:
         """Stop the workers (the Ray runtime itself stays up for the next run in this process)."""
         self.metrics.close()
-        self._all(self.actors, "shutdown")
-        if self.config.resources.use_ray:
-            import ray
-
-            for actor in [*self.actors, *self.rewarders, self.dock.actor]:
-                ray.kill(actor)
+        self.cluster.close()

@@ -1,0 +1,209 @@
+"""GRPO maths on tensors: group advantages, KL estimators, the PPO-clip loss, aggregation, schedule.
+
+Nothing here knows about ranks, workers or the dock. Per-token values are flat [R] (the response
+tokens of B rows, row after row: `entrepot.grpo.sequences`). Aggregation is a weight per token
+whose normalizer the caller counts over the global mini-batch, so data parallelism and
+micro-batching change nothing in the maths. Losses return the scalar loss plus detached diagnostics.
+
+Shape legend: B = responses (prompts x group size), R = response tokens of the batch, G = group size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+__all__ = [
+    "LossOutput",
+    "group_advantages",
+    "keep_varied_groups",
+    "kl_penalty",
+    "loss_normalizer",
+    "policy_loss",
+    "sequence_kl",
+    "token_weights",
+]
+
+LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+KLKind = Literal["k1", "abs", "mse", "low_var_kl", "k3", "clamped"]
+_EPS = 1e-6
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, *, normalize_std: bool = True) -> torch.Tensor:
+    """Group-normalised advantages: (r - mean of the prompt's group) / (std of the group + eps).
+
+    Args:
+        rewards: [B] scalar reward per response; consecutive runs of `group_size` share a prompt.
+        group_size: responses per prompt (G); B must be a multiple of it.
+        normalize_std: divide by the group std (unbiased, as in the GRPO paper); False only centres
+            (Dr. GRPO), which avoids up-weighting near-uniform groups.
+
+    Returns:
+        [B] advantages; a group whose rewards all agree gets zeros.
+    """
+    if rewards.dim() != 1 or rewards.numel() % group_size:
+        raise ValueError(
+            f"rewards shape {tuple(rewards.shape)} must be [B] with B a multiple of {group_size}"
+        )
+    grouped = rewards.float().view(-1, group_size)  # [B/G, G]
+    centred = grouped - grouped.mean(dim=1, keepdim=True)  # [B/G, G]
+    if normalize_std:
+        centred = centred / (grouped.std(dim=1, keepdim=True) + _EPS)
+    return centred.view(-1)
+
+
+def keep_varied_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Dynamic sampling: a [B] bool mask keeping only groups whose rewards are not all equal."""
+    grouped = rewards.view(-1, group_size)  # [B/G, G]
+    varied = (grouped.max(dim=1).values - grouped.min(dim=1).values) > 0  # [B/G]
+    return varied.repeat_interleave(group_size)
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: KLKind) -> torch.Tensor:
+    """Per-token KL(policy || reference) estimate from sampled-token log-probs.
+
+    kinds: ``k1`` = logp - ref; ``abs`` = |logp - ref|; ``mse`` = 0.5 (logp - ref)^2;
+    ``low_var_kl`` / ``k3`` = exp(ref - logp) - (ref - logp) - 1 (Schulman's unbiased, >= 0 estimator),
+    clamped to [-10, 10] as upstream does; ``clamped`` = k1 clamped to [-10, 10].
+
+    Shape: logp, ref_logp [R] (or any equal shapes) -> the same shape.
+    """
+    diff = logp - ref_logp  # [R]
+    if kind == "k1":
+        return diff
+    if kind == "abs":
+        return diff.abs()
+    if kind == "mse":
+        return 0.5 * diff.square()
+    if kind in ("low_var_kl", "k3"):
+        log_ratio = (-diff).clamp(-20.0, 20.0)  # ref - logp
+        return (log_ratio.exp() - log_ratio - 1).clamp(-10.0, 10.0)
+    if kind == "clamped":
+        return diff.clamp(-10.0, 10.0)
+    raise ValueError(f"kl kind ({kind!r}) must be one of k1, abs, mse, low_var_kl, k3, clamped")
+
+
+def sequence_kl(
+    logp: torch.Tensor, ref_logp: torch.Tensor, response_lengths: torch.Tensor, kind: KLKind
+) -> torch.Tensor:
+    """Summed per-token KL of each response (for `kl_in_reward`): [R], [R], lengths [B] -> [B]."""
+    rows = torch.repeat_interleave(torch.arange(response_lengths.numel()), response_lengths)  # [R]
+    per_token = kl_penalty(logp, ref_logp, kind)  # [R]
+    return torch.zeros(response_lengths.numel(), dtype=per_token.dtype).index_add_(0, rows, per_token)
+
+
+def loss_normalizer(response_lengths: torch.Tensor, mode: LossAgg) -> float:
+    """What `mode` divides by, counted over these rows: response tokens (token-mean) or responses.
+
+    Under data parallelism each rank counts its rows and the counts are summed over ranks, so the
+    loss is the mean over the global mini-batch, not a mean of per-rank means.
+    """
+    if mode == "token-mean":
+        return float(response_lengths.sum())
+    if mode in ("seq-mean-token-mean", "seq-mean-token-sum"):
+        return float(response_lengths.numel())
+    raise ValueError(f"loss_agg ({mode!r}) must be token-mean, seq-mean-token-mean or seq-mean-token-sum")
+
+
+def token_weights(response_lengths: torch.Tensor, mode: LossAgg, normalizer: float) -> torch.Tensor:
+    """Weight of each response token in the aggregated loss, so that loss = sum(weights * per_token).
+
+    ``token-mean``: 1 / (valid tokens of the mini-batch); long answers weigh more.
+    ``seq-mean-token-mean``: 1 / (r_i * responses): each response's token mean, averaged.
+    ``seq-mean-token-sum``: 1 / responses: each response's token sum, averaged.
+
+    Args:
+        response_lengths: int [B] response tokens per row (r_i).
+        mode: the aggregation.
+        normalizer: `loss_normalizer` of the whole (global) mini-batch, >= 1.
+
+    Returns:
+        [R] float32 weights, row after row.
+    """
+    lengths = response_lengths.to(torch.float32)
+    if mode == "seq-mean-token-mean":
+        per_row = 1.0 / (lengths.clamp(min=1) * max(normalizer, 1.0))  # [B]
+    else:
+        loss_normalizer(response_lengths, mode)  # validates the mode
+        per_row = torch.full_like(lengths, 1.0 / max(normalizer, 1.0))  # [B]
+    return torch.repeat_interleave(per_row, response_lengths)
+
+
+@dataclass
+class LossOutput:
+    """The loss to backpropagate and detached diagnostics (python floats).
+
+    Every diagnostic is a weighted sum over the given tokens (weights of the loss, or 1 / num_tokens
+    for clip_frac and ratio_mean), so the diagnostics of micro-batches and DP ranks add up.
+    """
+
+    loss: torch.Tensor
+    metrics: dict[str, float]
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    num_tokens: float | None = None,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_kind: KLKind = "low_var_kl",
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
+) -> LossOutput:
+    """PPO-clip surrogate with separate low/high clip, optional KL to the reference and entropy bonus.
+
+    loss = sum_t w_t [-min(r_t A_t, clip(r_t, 1 - clip_low, 1 + clip_high) A_t)
+                      + kl_coef KL_t - entropy_coef H_t]
+
+    The weights w carry the aggregation (`token_weights`), so the caller picks token-mean or a
+    sequence mean, over a micro-batch, a mini-batch or all DP ranks, by the normalizer alone.
+
+    Args:
+        logp: [R] current log-probs of the sampled response tokens (requires grad).
+        old_logp: [R] log-probs at sampling time.
+        advantages: [R] advantage of each token (a response's advantage repeated over its tokens).
+        weights: [R] aggregation weights (`token_weights`).
+        num_tokens: valid tokens the diagnostics clip_frac and ratio_mean are averaged over
+            (default R, this call's tokens; the global mini-batch's under data parallelism).
+        ref_logp: [R] reference log-probs; needed when kl_coef > 0.
+        entropy: [R] policy entropy; needed when entropy_coef > 0.
+
+    Returns:
+        LossOutput with metrics pg_loss, clip_frac, ratio_mean, ratio_max, kl and entropy (when given).
+    """
+    weights = weights.to(logp.dtype)
+    share = 1.0 / max(num_tokens if num_tokens is not None else logp.numel(), 1.0)
+    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)  # [R]
+    ratio = log_ratio.exp()  # [R]
+    unclipped = ratio * advantages  # [R]
+    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages  # [R]
+    pg_loss = (-torch.minimum(unclipped, clipped) * weights).sum()
+    loss = pg_loss
+    metrics: dict[str, float] = {"pg_loss": float(pg_loss.detach())}
+    with torch.no_grad():
+        metrics["clip_frac"] = float((clipped < unclipped).to(logp.dtype).sum() * share)
+        metrics["ratio_mean"] = float(ratio.sum() * share)
+        metrics["ratio_max"] = float(ratio.max()) if ratio.numel() else 1.0
+    if ref_logp is not None:
+        kl_loss = (kl_penalty(logp, ref_logp, kl_kind) * weights).sum()
+        if kl_coef > 0:
+            loss = loss + kl_coef * kl_loss
+        metrics["kl"] = float(kl_loss.detach())
+    elif kl_coef > 0:
+        raise ValueError("policy_loss: kl_coef > 0 needs ref_logp")
+    if entropy is not None:
+        entropy_sum = (entropy * weights).sum()
+        if entropy_coef > 0:
+            loss = loss - entropy_coef * entropy_sum
+        metrics["entropy"] = float(entropy_sum.detach())
+    elif entropy_coef > 0:
+        raise ValueError("policy_loss: entropy_coef > 0 needs entropy")
+    return LossOutput(loss=loss, metrics=metrics)

@@ -1,0 +1,226 @@
+"""The actor's passes over a step's rows: micro-batched log-probs and the PPO-clip update.
+
+Both are plain functions of a model and tensors; the worker (or the single-process baseline in
+benchmarks/) supplies the rows. Under data parallelism a rank passes a `DataParallel` and only its
+own rows: every normalizer is summed over ranks before the backward pass and gradients are summed
+(not averaged) after it, so the update equals the single-process update on all rows, whatever the
+split (a skewed split included).
+
+Legend: B rows, R response tokens of those rows (flat, row after row).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from entrepot.grpo.config import AlgorithmConfig, BatchingConfig
+from entrepot.grpo.losses import loss_normalizer, policy_loss, token_weights
+from entrepot.grpo.sequences import ResponseBatch, response_logprobs
+
+__all__ = ["DataParallel", "UpdateInputs", "compute_logprobs", "micro_batches", "ppo_update"]
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """This rank's data-parallel process group (gloo on CPU, NCCL on GPU): the sums the update needs."""
+
+    group: Any = None  # a torch.distributed ProcessGroup; None = the default group
+
+    def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
+        return tensor
+
+    def max(self, value: int) -> int:
+        import torch.distributed as dist
+
+        out = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(out, op=dist.ReduceOp.MAX, group=self.group)
+        return int(out)
+
+
+def micro_batches(
+    lengths: torch.Tensor, config: BatchingConfig, pass_name: str, dp: DataParallel | None = None
+) -> list[torch.Tensor]:
+    """Row indexes of each micro-batch of one pass; every DP rank gets the same count.
+
+    With `dynamic_batch_size` the rows are packed under the pass's token budget and sequence cap
+    (`entrepot.batching.plan_micro_batches`, ranks agreeing on the largest count); otherwise they
+    are cut into `micro_batch_size` rows, and ranks with fewer cuts get empty micro-batches.
+    """
+    if config.dynamic_batch_size:
+        from entrepot.batching import plan_micro_batches
+
+        budget, max_seqs = config.limits(pass_name)
+        group = None if dp is None else dp.group
+        if dp is not None and group is None:
+            import torch.distributed as dist
+
+            group = dist.group.WORLD
+        plan = plan_micro_batches(lengths.tolist(), budget, max_seqs, group=group)
+        return [torch.as_tensor(rows, dtype=torch.int64) for rows in plan.micro_batches]
+    rows = torch.arange(lengths.numel())
+    parts = list(torch.split(rows, config.micro_batch_size))
+    count = len(parts) if dp is None else dp.max(len(parts))
+    return parts + [rows[:0]] * (count - len(parts))
+
+
+@torch.no_grad()
+def compute_logprobs(
+    model: torch.nn.Module,
+    batch: ResponseBatch,
+    config: BatchingConfig,
+    pass_name: str,
+    *,
+    pad_token_id: int = 0,
+) -> torch.Tensor:
+    """Log-probs [R] of every response token of `batch` under `model` (CPU, row after row)."""
+    out = torch.empty(batch.num_response_tokens, dtype=torch.float32)
+    for rows in micro_batches(batch.lengths, config, pass_name):
+        if rows.numel() == 0:
+            continue
+        sub = batch.select(rows)
+        logp, _ = response_logprobs(model, sub, packed=config.remove_padding, pad_token_id=pad_token_id)
+        out[_response_slots(batch, rows)] = logp.float().cpu()
+    return out
+
+
+def _response_slots(batch: ResponseBatch, rows: torch.Tensor) -> torch.Tensor:
+    from entrepot.grpo.sequences import segment_index
+
+    return segment_index(batch.response_lengths, rows)
+
+
+@dataclass
+class UpdateInputs:
+    """What one rank trains on in a step.
+
+    Attributes:
+        batch: the rank's rows (all mini-batches).
+        advantages: [B] one advantage per row.
+        old_logp: [R] sampling-policy log-probs, or None when the policy has not moved since sampling
+            (one epoch, one mini-batch: the current log-probs, detached, are the old ones).
+        ref_logp: [R] reference log-probs, or None without a KL term in the loss.
+        mini_batches: rows of `batch` in each mini-batch (the same number on every DP rank; a rank
+            may hold no row of a mini-batch).
+    """
+
+    batch: ResponseBatch
+    advantages: torch.Tensor
+    old_logp: torch.Tensor | None
+    ref_logp: torch.Tensor | None
+    mini_batches: Sequence[torch.Tensor]
+
+
+def ppo_update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    inputs: UpdateInputs,
+    algo: AlgorithmConfig,
+    batching: BatchingConfig,
+    *,
+    dp: DataParallel | None = None,
+    pad_token_id: int = 0,
+) -> dict[str, float]:
+    """PPO-clip epochs over the mini-batches, one optimiser step each; returns mean diagnostics.
+
+    Each mini-batch's loss is `policy_loss` with token weights normalised over the whole (global)
+    mini-batch, summed over micro-batches; with `dp` the normalizers and the gradients are summed
+    over ranks, so every rank takes the same step.
+    """
+    totals: dict[str, float] = {}
+    steps = 0
+    for _ in range(algo.epochs):
+        for rows in inputs.mini_batches:
+            step = _mini_batch_step(model, optimizer, inputs, rows, algo, batching, dp, pad_token_id)
+            scheduler.step()
+            steps += 1
+            for key, value in step.items():
+                totals[key] = totals.get(key, 0.0) + value
+    return {key: value / max(steps, 1) for key, value in totals.items()}
+
+
+def _mini_batch_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    inputs: UpdateInputs,
+    rows: torch.Tensor,
+    algo: AlgorithmConfig,
+    batching: BatchingConfig,
+    dp: DataParallel | None,
+    pad_token_id: int,
+) -> dict[str, float]:
+    mini = inputs.batch.select(rows)
+    counts = torch.tensor([loss_normalizer(mini.response_lengths, algo.loss_agg), mini.num_response_tokens],
+                          dtype=torch.float64)  # fmt: skip
+    if dp is not None:
+        dp.sum_(counts)
+    normalizer, num_tokens = float(counts[0]), float(counts[1])
+    optimizer.zero_grad(set_to_none=True)
+    # The same keys on every rank (a rank may hold no row of this mini-batch) for the one all-reduce.
+    keys = ["pg_loss", "clip_frac", "ratio_mean", "entropy"] + (["kl"] if inputs.ref_logp is not None else [])
+    sums = dict.fromkeys(keys, 0.0)
+    ratio_max = 1.0
+    kl_coef = 0.0 if algo.kl_in_reward else algo.kl_coef
+    device = next(model.parameters()).device
+    plan = micro_batches(mini.lengths, batching, "update", dp)
+    for micro in plan:
+        if micro.numel() == 0:
+            continue
+        picked = rows[micro]
+        sub = inputs.batch.select(picked)
+        logp, entropy = response_logprobs(
+            model, sub, packed=batching.remove_padding, with_entropy=True,
+            entropy_grad=algo.entropy_coef > 0, pad_token_id=pad_token_id,
+        )  # fmt: skip
+        old = logp.detach() if inputs.old_logp is None else _values(inputs, inputs.old_logp, picked, device)
+        ref = None if inputs.ref_logp is None else _values(inputs, inputs.ref_logp, picked, device)
+        out = policy_loss(
+            logp, old, sub.per_token(inputs.advantages[picked].to(device)),
+            token_weights(sub.response_lengths, algo.loss_agg, normalizer).to(device),
+            num_tokens=num_tokens, clip_low=algo.clip_low, clip_high=algo.clip_high,
+            ref_logp=ref, kl_coef=kl_coef, kl_kind=algo.kl_kind,
+            entropy=entropy, entropy_coef=algo.entropy_coef,
+        )  # fmt: skip
+        out.loss.backward()
+        ratio_max = max(ratio_max, out.metrics.pop("ratio_max"))
+        for key in keys:
+            sums[key] += out.metrics[key]
+    params = [p for p in model.parameters() if p.requires_grad]
+    if dp is not None:
+        sums = _sum_over_ranks(params, sums, dp)
+    max_norm = algo.grad_clip if algo.grad_clip is not None else float("inf")
+    sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    sums["lr"] = float(optimizer.param_groups[0]["lr"])
+    sums["ratio_max"] = ratio_max
+    sums["micro_batches"] = float(len(plan))  # equal on every DP rank
+    optimizer.step()
+    return sums
+
+
+def _values(
+    inputs: UpdateInputs, values: torch.Tensor, rows: torch.Tensor, device: torch.device
+) -> torch.Tensor:
+    return inputs.batch.select_response_values(values, rows).to(device)
+
+
+def _sum_over_ranks(
+    params: list[torch.nn.Parameter], sums: dict[str, float], dp: DataParallel
+) -> dict[str, float]:
+    """Sum gradients (a rank without rows contributes zeros) and diagnostics over DP ranks in one call."""
+    keys = sorted(sums)
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1).float() for g in grads] + [torch.tensor([sums[k] for k in keys])])
+    dp.sum_(flat)
+    offset = 0
+    for param, grad in zip(params, grads, strict=True):
+        size = grad.numel()
+        param.grad = flat[offset : offset + size].view_as(grad).to(grad.dtype)
+        offset += size
+    return dict(zip(keys, flat[offset:].tolist(), strict=True))

@@ -1,0 +1,37 @@
+"""The workers of the full system and the groups that run them.
+
+- `ActorWorker`: a co-located actor rank (train + rollout + reference), `RewardWorker`: rule rewards.
+- `WorkerGroup` (`LocalWorkerGroup` in this process, `ray_group.RayWorkerGroup` on Ray), `RankInfo`,
+  `wait_all`: how the trainer starts stages on every rank and collects results.
+- `launch`: the dock and the groups for a config, in this process or on Ray.
+"""
+
+from __future__ import annotations
+
+from entrepot.grpo.workers.actor import ActorWorker, response_batch
+from entrepot.grpo.workers.group import (
+    LocalWorkerGroup,
+    Pending,
+    RankInfo,
+    WorkerGroup,
+    rank_layout,
+    wait_all,
+)
+from entrepot.grpo.workers.launch import Cluster, launch
+from entrepot.grpo.workers.reward import RewardWorker, tensor_text, text_tensor
+
+__all__ = [
+    "ActorWorker",
+    "Cluster",
+    "LocalWorkerGroup",
+    "Pending",
+    "RankInfo",
+    "RewardWorker",
+    "WorkerGroup",
+    "launch",
+    "rank_layout",
+    "response_batch",
+    "tensor_text",
+    "text_tensor",
+    "wait_all",
+]

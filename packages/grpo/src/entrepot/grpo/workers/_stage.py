@@ -1,0 +1,105 @@
+"""What every stage method of a worker shares: error reporting and reading its rows from the dock."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
+
+import torch
+
+from entrepot.dock import Batch, DockClient
+from entrepot.grpo.errors import GRPOError, StageError
+from entrepot.grpo.workers.group import RankInfo
+
+__all__ = ["DockReader", "stage"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class _Staged(Protocol):
+    role: str
+    rank: RankInfo
+    reader: DockReader
+
+
+S = TypeVar("S", bound=_Staged)
+
+
+def stage(name: str) -> Callable[[Callable[Concatenate[S, P], R]], Callable[Concatenate[S, P], R]]:
+    """Turn any failure of a stage method into `StageError` naming the stage, the worker and its rows.
+
+    Errors of entrepot.grpo itself (a bad config, a missing file, a failed stage) pass unchanged so
+    that the user sees their own message.
+    """
+
+    def wrap(method: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]:
+        @functools.wraps(method)
+        def run(self: S, *args: P.args, **kwargs: P.kwargs) -> R:
+            self.reader.rows = None
+            try:
+                return method(self, *args, **kwargs)
+            except GRPOError:
+                raise
+            except Exception as exc:
+                worker = f"{self.role} {self.rank.name}"
+                raise StageError(name, worker, self.reader.rows, f"{type(exc).__name__}: {exc}") from exc
+
+        return run
+
+    return wrap
+
+
+class DockReader:
+    """A worker's reads from the dock: packed layout, a timeout on every wait, rows remembered for errors.
+
+    Ranks of one model-parallel group (TP x PP > 1) read each batch once: the group's first rank gets
+    it from the dock and `entrepot.dock.dispatch_get` broadcasts it to the others (`group` is then
+    that process group). With TP = PP = 1 every rank reads for itself.
+
+    Args:
+        rank: the worker's coordinates.
+        timeout: seconds a get may wait for ready rows before `DockTimeout`.
+        group: the model-parallel process group, when TP x PP > 1.
+    """
+
+    def __init__(self, rank: RankInfo, timeout: float, group: Any = None) -> None:
+        self.rank, self.timeout, self.group = rank, timeout, group
+        self.rows: list[int] | None = None  # the rows of the stage in progress, for StageError
+
+    def get(
+        self, dock: DockClient, consumer: str, columns: Sequence[str], count: int, **kwargs: Any
+    ) -> Batch | None:
+        """One packed batch of up to `count` rows (None when the consumer has read every row)."""
+        if self.rank.model_parallel_size == 1:
+            batch = dock.get(consumer, list(columns), count, layout="packed", timeout=self.timeout, **kwargs)
+        else:
+            from entrepot.dock import dispatch_get
+
+            # the group's first rank (TP fastest, then PP: see rank_layout)
+            src = self.rank.rank - self.rank.tp_rank - self.rank.tp_size * self.rank.pp_rank
+            batch = dispatch_get(
+                dock if self.rank.reads_dock else None, consumer, columns, count,
+                group=self.group, src=src, layout="packed", timeout=self.timeout, **kwargs,
+            )  # fmt: skip
+        if batch is not None:
+            self.rows = (self.rows or []) + batch.indexes.tolist()
+        return batch
+
+    def batches(
+        self, dock: DockClient, consumer: str, columns: Sequence[str], count: int, min_count: int
+    ) -> Iterator[Batch]:
+        """Batches of up to `count` rows (at least `min_count`, whole groups) until the consumer has read all.
+
+        Ranks that read the same stage share its rows: whoever asks first takes the next ones.
+        """
+        while (batch := self.get(dock, consumer, columns, count, min_count=min_count)) is not None:
+            yield batch
+
+    def take(self, dock: DockClient, consumer: str, columns: Sequence[str], rows: Sequence[int]) -> Batch:
+        """Exactly `rows` (a plan made by the driver), in that order."""
+        batch = self.get(dock, consumer, columns, len(rows), indexes=torch.as_tensor(rows, dtype=torch.int64))
+        if batch is None:
+            raise RuntimeError(f"the dock has already handed rows {list(rows)[:8]} to {consumer!r}")
+        return batch

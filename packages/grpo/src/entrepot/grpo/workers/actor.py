@@ -1,0 +1,235 @@
+"""The co-located actor worker: rollout, reference and old log-probs, and the update, on one device.
+
+One instance per rank of the actor group. It holds a `Policy` (training model, rollout engine,
+reference) and switches between them with entrepot.resharding's `ShardingManager`:
+`enter_infer_mode` reshards train -> infer and loads the engine; train mode onloads what the update
+needs. Every stage reads its rows from the dock in the packed layout and writes its outputs back:
+responses and per-token log-probs flat with their lengths, nothing padded on the way.
+
+With several DP ranks, ref/old log-prob ranks share the rows (whoever asks takes the next ones);
+the update takes exactly the rows the driver planned for each rank and sums gradients over ranks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from entrepot.dock import Batch, DockClient
+from entrepot.grpo.config import GRPOConfig
+from entrepot.grpo.evaluation import greedy_eval
+from entrepot.grpo.policy import Policy, build_policy
+from entrepot.grpo.sequences import ResponseBatch
+from entrepot.grpo.threads import configure_threads
+from entrepot.grpo.update import DataParallel, UpdateInputs, compute_logprobs, ppo_update
+from entrepot.grpo.workers._stage import DockReader, stage
+from entrepot.grpo.workers.group import RankInfo
+
+__all__ = ["ActorWorker", "response_batch"]
+
+_SEQUENCE_COLUMNS = ["prompts", "responses", "response_length"]
+
+
+def response_batch(batch: Batch) -> ResponseBatch:
+    """The prompt+response rows of a packed dock batch."""
+    data = batch.data
+    return ResponseBatch.from_packed(
+        data["prompts"], batch.lengths["prompts"], data["responses"], data["response_length"]
+    )
+
+
+def _train_bytes(model: torch.nn.Module) -> int:
+    """Bytes the training parameters hold on their device now (0 while offloaded)."""
+    return sum(p.untyped_storage().nbytes() for p in model.parameters())
+
+
+class ActorWorker:
+    """One rank of the co-located actor.
+
+    Args:
+        config: the run's config (the dataclass itself; it crosses Ray as it is).
+        rank: this worker's coordinates in the actor group.
+        dist_init: ``tcp://host:port`` of torch.distributed when the group has several ranks.
+    """
+
+    role = "actor"
+
+    def __init__(self, config: GRPOConfig, rank: RankInfo | None = None, dist_init: str = "") -> None:
+        configure_threads(config.threads, interop=True)
+        self.config = config
+        self.rank = rank or RankInfo(rank=0, world_size=1)
+        self.reader = DockReader(self.rank, config.resources.stage_timeout_s)
+        self.policy: Policy = build_policy(config, self.rank.dp_rank)
+        self.dp: DataParallel | None = None
+        if self.rank.world_size > 1:
+            import torch.distributed as dist
+
+            dist.init_process_group(
+                "gloo", init_method=dist_init, rank=self.rank.rank, world_size=self.rank.world_size
+            )
+            self.dp = DataParallel()
+        self._exit_infer_s = 0.0
+
+    @property
+    def _pad(self) -> int:
+        return int(self.policy.setup.tokenizer.pad_token_id)
+
+    # -- stages ---------------------------------------------------------------------------------
+
+    @stage("actor_rollout")
+    def rollout(self, dock: DockClient, count: int) -> dict[str, float]:
+        """Reshard into the engine, generate responses (`count` rows a get), put them in the dock."""
+        policy, n = self.policy, self.config.rollout.n_samples_per_prompt
+        t0 = time.perf_counter()
+        policy.manager.enter_infer_mode()
+        t1 = time.perf_counter()
+        train_bytes = _train_bytes(policy.model)  # what the training weights hold while generating
+        tokens = 0
+        for batch in self.reader.batches(dock, "actor_rollout", ["prompts"], count, min_count=n):
+            prompts = torch.split(batch.data["prompts"], batch.lengths["prompts"].tolist())
+            responses = policy.engine.generate(
+                prompts, policy.sampling, pad_token_id=self._pad, generator=policy.generator
+            )
+            lengths = torch.tensor([len(r) for r in responses], dtype=torch.int64)
+            flat = torch.tensor([t for r in responses for t in r], dtype=torch.int64)
+            dock.put({"responses": (flat, lengths), "response_length": lengths}, batch.indexes)
+            tokens += int(lengths.sum())
+        t2 = time.perf_counter()
+        policy.manager.exit_infer_mode()
+        self._exit_infer_s = time.perf_counter() - t2
+        return {
+            "time/reshard_to_infer": t1 - t0,
+            "time/generate": t2 - t1,
+            "rollout_tokens": float(tokens),
+            "memory/train_param_bytes_in_rollout": float(train_bytes),
+        }
+
+    @stage("ref_log_prob")
+    def reference_logprobs(self, dock: DockClient, count: int) -> dict[str, float]:
+        """Reference log-probs of response tokens (flat, per row) into the dock, `count` rows at a time."""
+        reference = self.policy.reference
+        if reference is None:
+            raise RuntimeError("reference stage called with algorithm.kl_coef == 0")
+        t0 = time.perf_counter()
+        self._log_probs(dock, "ref_log_prob", "ref_log_prob", reference, count)
+        return {"time/ref": time.perf_counter() - t0}
+
+    @stage("actor_log_prob")
+    def old_logprobs(self, dock: DockClient, count: int) -> dict[str, float]:
+        """Log-probs of the sampling policy (needed when the update takes several optimiser steps)."""
+        t0 = time.perf_counter()
+        self.policy.manager.enter_forward_mode()
+        self._log_probs(dock, "actor_log_prob", "old_log_prob", self.policy.model, count)
+        self.policy.manager.exit_forward_mode()
+        return {"time/old_logp": time.perf_counter() - t0}
+
+    def _log_probs(
+        self, dock: DockClient, consumer: str, column: str, model: torch.nn.Module, count: int
+    ) -> None:
+        n = self.config.rollout.n_samples_per_prompt
+        for batch in self.reader.batches(dock, consumer, _SEQUENCE_COLUMNS, count, min_count=n):
+            rows = response_batch(batch)
+            logp = compute_logprobs(model, rows, self.config.batching, column, pad_token_id=self._pad)
+            dock.put({column: (logp, rows.response_lengths)}, batch.indexes)
+
+    @stage("actor_train")
+    def update(
+        self, dock: DockClient, plan: Sequence[Sequence[Sequence[int]]], *, with_old: bool
+    ) -> dict[str, float]:
+        """PPO-clip update on this rank's rows: `plan[dp_rank]` lists the dock rows of each mini-batch."""
+        t0 = time.perf_counter()
+        cfg, policy = self.config, self.policy
+        mine = plan[self.rank.dp_rank]
+        use_ref = policy.reference is not None and not cfg.algorithm.kl_in_reward
+        columns = [*_SEQUENCE_COLUMNS, "advantages", *(["ref_log_prob"] if use_ref else []),
+                   *(["old_log_prob"] if with_old else [])]  # fmt: skip
+        inputs = self._update_inputs(dock, columns, mine, use_ref, with_old)
+        t_switch = time.perf_counter()
+        policy.manager.enter_train_mode()
+        to_train = self._exit_infer_s + time.perf_counter() - t_switch
+        metrics = ppo_update(policy.model, policy.optimizer, policy.scheduler, inputs, cfg.algorithm,
+                             cfg.batching, dp=self.dp, pad_token_id=self._pad)  # fmt: skip
+        policy.manager.exit_train_mode()
+        metrics["time/update"] = time.perf_counter() - t0
+        metrics["time/reshard_to_train"] = to_train
+        metrics["train_tokens"] = float(inputs.batch.lengths.sum())
+        return metrics
+
+    def _update_inputs(
+        self,
+        dock: DockClient,
+        columns: list[str],
+        plan: Sequence[Sequence[int]],
+        use_ref: bool,
+        with_old: bool,
+    ) -> UpdateInputs:
+        rows = [row for mini in plan for row in mini]
+        sizes = torch.tensor([len(mini) for mini in plan], dtype=torch.int64)
+        local = torch.split(torch.arange(len(rows)), sizes.tolist())
+        if not rows:  # this rank holds no row of this step (a short dynamic-sampling step): zeros
+            empty = torch.zeros(0, dtype=torch.int64)
+            batch = ResponseBatch(empty, empty, empty)
+            return UpdateInputs(batch, torch.zeros(0), None if not with_old else torch.zeros(0),
+                                torch.zeros(0) if use_ref else None, local)  # fmt: skip
+        got = self.reader.take(dock, "actor_train", columns, rows)
+        data = got.data
+        return UpdateInputs(
+            batch=response_batch(got),
+            advantages=data["advantages"].float(),
+            old_logp=data["old_log_prob"] if with_old else None,
+            ref_logp=data["ref_log_prob"] if use_ref else None,
+            mini_batches=local,
+        )
+
+    def evaluate(self, num_prompts: int | None = None) -> dict[str, float]:
+        """Greedy accuracy on held-out prompts with freshly resharded weights."""
+        manager = self.policy.manager
+        manager.enter_infer_mode()
+        try:
+            return greedy_eval(self.policy.engine, self.policy.setup, self.config, num_prompts)
+        finally:
+            manager.exit_infer_mode()
+
+    # -- checkpoint state and inspection --------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """Model, reference, optimizer, scheduler and RNG state (tensors + JSON-able values)."""
+        from entrepot.grpo.checkpoint import capture_state
+
+        return capture_state(self.policy)
+
+    def load_state(self, states: Sequence[dict[str, Any]]) -> None:
+        """Restore `states[rank]` (one `state()` per rank, as a checkpoint reads them back)."""
+        from entrepot.grpo.checkpoint import restore_state
+
+        restore_state(self.policy, states[self.rank.rank])
+
+    def parameters_digest(self) -> dict[str, torch.Tensor]:
+        """A copy of every trainable parameter (tests compare runs bit for bit)."""
+        return {n: p.detach().clone() for n, p in self.policy.model.named_parameters()}
+
+    def gradients_digest(self) -> dict[str, torch.Tensor]:
+        """A copy of every gradient of the last optimiser step (after clipping)."""
+        return {
+            n: p.grad.detach().clone() for n, p in self.policy.model.named_parameters() if p.grad is not None
+        }
+
+    def runtime_info(self) -> dict[str, Any]:
+        """Thread settings as this process sees them (tests check the Ray workers)."""
+        import os
+
+        return {
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "torch_threads": torch.get_num_threads(),
+            "pid": os.getpid(),
+        }
+
+    def shutdown(self) -> None:
+        if self.dp is not None:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()

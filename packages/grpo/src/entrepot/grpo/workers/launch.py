@@ -1,0 +1,86 @@
+"""Start the dock and the worker groups of a run, in this process or on Ray: the one place that chooses."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from entrepot.grpo.config import GRPOConfig
+from entrepot.grpo.threads import worker_env
+from entrepot.grpo.workers.actor import ActorWorker
+from entrepot.grpo.workers.group import LocalWorkerGroup, RankInfo, WorkerGroup, rank_layout
+from entrepot.grpo.workers.reward import RewardWorker
+
+__all__ = ["Cluster", "launch"]
+
+
+@dataclass
+class Cluster:
+    """The dock (a DockClient) and the worker groups of a run."""
+
+    dock: Any
+    actors: WorkerGroup[ActorWorker]
+    rewards: WorkerGroup[RewardWorker]
+    ray_dock_actor: Any = None  # the Ray actor behind `dock`, killed on close
+
+    def close(self) -> None:
+        """Stop the workers and the dock actor (Ray itself stays up for the next run in this process)."""
+        self.actors.close()
+        self.rewards.close()
+        if self.ray_dock_actor is not None:
+            import ray
+
+            ray.kill(self.ray_dock_actor)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch(config: GRPOConfig) -> Cluster:
+    """The GRPO dock and an actor group of DP ranks plus a reward group, as `resources` asks."""
+    from entrepot.dock import GRPODock
+
+    resources = config.resources
+    dock_args: dict[str, Any] = {
+        "prompts_num": config.rollout.prompts_per_step,
+        "n_samples_per_prompt": config.rollout.n_samples_per_prompt,
+        "extra_columns": ("answer", "accuracy"),
+        "seed": config.seed,
+    }
+    actor_ranks = rank_layout(resources.num_actor_workers)
+    reward_ranks = rank_layout(resources.num_reward_workers)
+    if not resources.use_ray:
+        return Cluster(
+            dock=GRPODock(**dock_args),
+            actors=LocalWorkerGroup("actor", lambda rank: ActorWorker(config, rank), actor_ranks),
+            rewards=LocalWorkerGroup("reward", lambda rank: RewardWorker(config, rank), reward_ranks),
+        )
+    import ray
+
+    from entrepot.dock.ray import RayDockClient
+    from entrepot.grpo.workers.ray_group import RayWorkerGroup
+
+    env = worker_env(config.threads)  # reaches each worker before it imports torch
+    if not ray.is_initialized():
+        ray.init(address=resources.ray_address, runtime_env={"env_vars": env}, include_dashboard=False,
+                 logging_level="ERROR", log_to_driver=False)  # fmt: skip
+    dock = RayDockClient.launch(GRPODock, num_cpus=0, **dock_args)
+    dist_init = f"tcp://127.0.0.1:{_free_port()}" if len(actor_ranks) > 1 else ""
+
+    def actor_args(rank: RankInfo) -> tuple[Any, ...]:
+        return (config, rank, dist_init)
+
+    def reward_args(rank: RankInfo) -> tuple[Any, ...]:
+        return (config, rank)
+
+    cpus = resources.num_cpus_per_worker
+    return Cluster(
+        dock=dock,
+        actors=RayWorkerGroup("actor", ActorWorker, actor_ranks, actor_args, num_cpus=cpus, env=env),
+        rewards=RayWorkerGroup("reward", RewardWorker, reward_ranks, reward_args, num_cpus=cpus, env=env),
+        ray_dock_actor=dock.actor,
+    )

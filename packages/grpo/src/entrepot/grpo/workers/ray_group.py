@@ -1,0 +1,138 @@
+"""The Ray worker group: one actor per rank, one placement-group bundle per rank.
+
+Ray stays here (and in `entrepot.dock.ray`): the rest of the trainer sees `WorkerGroup` and `wait_all`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
+
+from entrepot.grpo.errors import GRPOError, StageError
+from entrepot.grpo.workers.group import Pending, RankInfo
+
+__all__ = ["RayWorkerGroup", "is_ref", "wait_refs"]
+
+W = TypeVar("W")
+R = TypeVar("R")
+P = ParamSpec("P")
+
+_PLACEMENT_TIMEOUT_S = 120.0
+
+
+class RayWorkerGroup(Generic[W]):
+    """Workers of class `cls` as Ray actors, rank i in bundle i of one placement group.
+
+    Args:
+        name: the role (``actor``, ``reward``), used in errors.
+        cls: the worker class (a plain class; it is wrapped with ``ray.remote`` here).
+        ranks: one worker per rank.
+        args: the constructor arguments of one rank's worker.
+        num_cpus: Ray CPUs per rank (fractional shares co-locate on a small machine).
+        env: environment variables every worker process gets before it imports anything.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        cls: type[W],
+        ranks: Sequence[RankInfo],
+        args: Callable[[RankInfo], tuple[Any, ...]],
+        *,
+        num_cpus: float,
+        env: Mapping[str, str],
+    ) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.name = name
+        self.ranks = list(ranks)
+        self._group = placement_group([{"CPU": num_cpus}] * len(self.ranks), strategy="PACK")
+        try:
+            ray.get(self._group.ready(), timeout=_PLACEMENT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise GRPOError(
+                f"Ray could not place {len(self.ranks)} {name} workers of {num_cpus} CPU each within "
+                f"{_PLACEMENT_TIMEOUT_S:.0f} s; the cluster has {ray.available_resources().get('CPU', 0)} "
+                "CPUs free (lower resources.num_cpus_per_worker or the worker count)"
+            ) from None
+        remote = ray.remote(cls)
+        self.actors = [
+            remote.options(
+                num_cpus=num_cpus,
+                runtime_env={"env_vars": dict(env)},
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self._group, placement_group_bundle_index=rank.rank
+                ),
+            ).remote(*args(rank))
+            for rank in self.ranks
+        ]
+
+    def call(self, method: Callable[Concatenate[W, P], R], *args: P.args, **kwargs: P.kwargs) -> Pending[R]:
+        refs = [getattr(actor, method.__name__).remote(*args, **kwargs) for actor in self.actors]
+        names = [f"{self.name} {rank.name}" for rank in self.ranks]
+        return Pending(f"{self.name}.{method.__name__}", refs, names)
+
+    def close(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors.clear()
+        remove_placement_group(self._group)
+
+
+def is_ref(handle: Any) -> bool:
+    """Whether `handle` is a Ray future (False without importing Ray when Ray was never loaded)."""
+    ray = sys.modules.get("ray")
+    return ray is not None and isinstance(handle, ray.ObjectRef)
+
+
+def wait_refs(pendings: Sequence[Pending[Any]], timeout: float) -> list[list[Any]]:
+    """`wait_all` for Ray futures: wait on all together, raise on the first failure or at the timeout."""
+    import ray
+
+    where: dict[Any, tuple[int, int]] = {}
+    results: list[list[Any]] = [list(p.handles) for p in pendings]
+    for i, pending in enumerate(pendings):
+        for j, handle in enumerate(pending.handles):
+            if is_ref(handle):
+                where[handle] = (i, j)
+    remaining = list(where)
+    deadline = time.monotonic() + timeout
+    while remaining:
+        left = deadline - time.monotonic()
+        ready, remaining = ray.wait(remaining, num_returns=1, timeout=max(left, 0.0))
+        if not ready:
+            i, j = where[remaining[0]]
+            raise StageError(
+                pendings[i].label, pendings[i].workers[j], None,
+                f"no result within resources.stage_timeout_s ({timeout:g} s)",
+            )  # fmt: skip
+        for ref in ready:
+            i, j = where[ref]
+            results[i][j] = _result(ref, pendings[i], j)
+    return results
+
+
+def _result(ref: Any, pending: Pending[Any], rank: int) -> Any:
+    """ray.get of one finished call; a worker's own error comes back as itself (StageError, user errors)."""
+    import ray
+
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        cause = exc.cause
+        if isinstance(cause, GRPOError):
+            raise cause from None
+        raise StageError(
+            pending.label, pending.workers[rank], None, f"{type(cause).__name__}: {cause}"
+        ) from None
+    except ray.exceptions.RayActorError as exc:
+        raise StageError(
+            pending.label, pending.workers[rank], None, f"the worker process died: {exc}"
+        ) from None

@@ -1,0 +1,77 @@
+"""The rule-reward worker: decodes responses and scores them with the configured verifiers."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from entrepot.dock import DockClient
+from entrepot.grpo import rewards
+from entrepot.grpo.config import GRPOConfig
+from entrepot.grpo.data import build_task
+from entrepot.grpo.threads import configure_threads
+from entrepot.grpo.workers._stage import DockReader, stage
+from entrepot.grpo.workers.group import RankInfo
+
+__all__ = ["RewardWorker", "tensor_text", "text_tensor"]
+
+
+def text_tensor(text: str) -> torch.Tensor:
+    """UTF-8 bytes of `text` as a uint8 tensor (how answers travel through the dock)."""
+    return torch.tensor(list(text.encode("utf-8")) or [0], dtype=torch.uint8)
+
+
+def tensor_text(tensor: torch.Tensor) -> str:
+    return bytes(tensor.tolist()).decode("utf-8").rstrip("\x00")
+
+
+class RewardWorker:
+    """Scores responses with the configured rule verifiers (one rank of the reward group).
+
+    Args:
+        config: the run's config.
+        rank: this worker's place in the reward group.
+    """
+
+    role = "reward"
+
+    def __init__(self, config: GRPOConfig, rank: RankInfo | None = None) -> None:
+        configure_threads(config.threads, interop=True)
+        self.config = config
+        self.rank = rank or RankInfo(rank=0, world_size=1)
+        self.reader = DockReader(self.rank, config.resources.stage_timeout_s)
+        rewards.resolve_custom(config.reward.custom)
+        tokenizer = None
+        if config.model.path is not None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(config.model.path, local_files_only=True)
+        self.tokenizer = build_task(config, tokenizer).tokenizer
+
+    @stage("rule_reward")
+    def score(self, dock: DockClient, count: int) -> dict[str, float]:
+        """Score unscored responses, up to `count` rows at a time; put `rm_scores` and `accuracy`."""
+        t0 = time.perf_counter()
+        reward = self.config.reward
+        n = self.config.rollout.n_samples_per_prompt
+        columns = ["responses", "response_length", "answer"]
+        for batch in self.reader.batches(dock, "rule_reward", columns, count, min_count=n):
+            responses = torch.split(batch.data["responses"], batch.lengths["responses"].tolist())
+            texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
+            answers = [
+                tensor_text(a) for a in torch.split(batch.data["answer"], batch.lengths["answer"].tolist())
+            ]
+            scores = rewards.score(texts, answers, reward.verifiers)
+            correct = rewards.score(texts, answers, {reward.accuracy_verifier: 1.0})
+            dock.put(
+                {
+                    "rm_scores": torch.tensor(scores, dtype=torch.float32),
+                    "accuracy": torch.tensor([float(c >= 1.0) for c in correct], dtype=torch.float32),
+                },
+                batch.indexes,
+            )
+        return {"time/reward": time.perf_counter() - t0}
+
+    def shutdown(self) -> None:
+        """Nothing to release (the group's close ends the process)."""
