@@ -61,11 +61,13 @@ def test_two_data_parallel_ranks_stay_in_sync(ray_session, tmp_path: Path) -> No
     try:
         before = trainer.parameters(0)
         trainer.train_step()
-        trainer.train_step()
+        step = trainer.train_step()
         rank0, rank1 = trainer.parameters(0), trainer.parameters(1)
         infos = wait_all([trainer.actors.call(ActorWorker.runtime_info)], 60)[0]
     finally:
         trainer.close()
+    assert step["dp/token_imbalance"] < 0.05  # the driver's plan spread tokens evenly over the ranks
+    assert step["dock/actor_train/rows"] == 64  # both ranks read their planned rows
     assert {i["omp_wait_policy"] for i in infos} == {"PASSIVE"}  # set before torch loaded in the worker
     assert {i["torch_threads"] for i in infos} == {1} and infos[0]["pid"] != infos[1]["pid"]
     for name, value in rank0.items():

@@ -3,3 +3,21 @@
 
 def length_is_three(response: str, answer: str) -> float:
     return float(len(response) == 3)
+
+
+def varied_if_answer_even(response: str, answer: str) -> float:
+    """Zero-variance groups for answers starting with an odd digit (dynamic sampling drops them)."""
+    if int(answer[0]) % 2:
+        return 0.0
+    return float(len(response)) + float(response[:1] == answer[:1])
+
+
+CALLS = {"n": 0}
+
+
+def fails_after_64_calls(response: str, answer: str) -> float:
+    """Scores like exact match for two steps of 32 responses, then raises (a broken user verifier)."""
+    CALLS["n"] += 1
+    if CALLS["n"] > 64:
+        raise RuntimeError("verifier crashed")
+    return float(response == answer)

@@ -133,7 +133,7 @@ class Trainer:
 
         # 6. group advantages (driver-side consumer)
         t_adv = time.perf_counter()
-        scores = self._advantages(rows)
+        scores, advantage_metrics = self._advantages(rows)
         t_adv = time.perf_counter() - t_adv
 
         # 7. actor update: each DP rank trains on the rows planned for it, gradients summed over ranks
@@ -160,6 +160,7 @@ class Trainer:
             "time/step": step_time,
             **sampling,
             **balance,
+            **advantage_metrics,
             **dock_metrics,
         }
         if stats is not None:
@@ -258,11 +259,11 @@ class Trainer:
 
     # -- driver-side stages ---------------------------------------------------------------------
 
-    def _advantages(self, rows: torch.Tensor) -> torch.Tensor:
-        """Group-normalised advantages of `rows` (one per response) into the dock; returns the scores."""
+    def _advantages(self, rows: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """Group-normalised advantages of `rows` (one per response) into the dock; the scores and metrics."""
         algo = self.config.algorithm
         if rows.numel() == 0:
-            return torch.zeros(0)
+            return torch.zeros(0), {}
         kl_in_reward = algo.kl_in_reward and algo.kl_coef > 0
         columns = [
             "rm_scores",
@@ -273,15 +274,16 @@ class Trainer:
                               timeout=self.config.resources.stage_timeout_s)  # fmt: skip
         assert batch is not None  # explicit rows are never "all consumed"
         scores = batch.data["rm_scores"].float()  # [B], group after group
-        rewards = scores
+        rewards, metrics = scores, {}
         if kl_in_reward:
             lengths = batch.data["response_length"]
             kl = sequence_kl(batch.data["old_log_prob"], batch.data["ref_log_prob"], lengths, algo.kl_kind)
             rewards = scores - algo.kl_coef * kl
+            metrics["reward/kl_penalty"] = float((algo.kl_coef * kl).mean())
         n = self.config.rollout.n_samples_per_prompt
         advantages = group_advantages(rewards, n, normalize_std=algo.normalize_std)
         self.dock.put({"advantages": advantages}, batch.indexes)
-        return scores
+        return scores, metrics
 
     def _update_plan(self, rows: torch.Tensor, mini: int) -> tuple[list[list[list[int]]], dict[str, float]]:
         """Per DP rank, the dock rows of each mini-batch; and the token imbalance across ranks.
