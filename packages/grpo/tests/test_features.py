@@ -116,9 +116,11 @@ def test_overlapping_stages_overlap_and_agree(ray_session, tmp_path: Path) -> No
 
 
 def test_a_failing_stage_fails_the_step_fast_and_keeps_the_checkpoint(ray_session, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    config = load_config(None, [*RAY, "resources.blocking=false", "max_steps=5", "checkpoint.save_every=1",
-                                "reward.custom={flaky: 'tests_support_rewards:fails_after_64_calls'}",
-                                "reward.verifiers={flaky: 1.0}", "reward.accuracy_verifier=flaky"])  # fmt: skip
+    flaky = ["reward.custom={flaky: 'tests_support_rewards:fails_after_64_calls'}",
+             "reward.verifiers={flaky: 1.0}", "reward.accuracy_verifier=flaky"]  # fmt: skip
+    config = load_config(
+        None, [*RAY, "resources.blocking=false", "max_steps=5", "checkpoint.save_every=1", *flaky]
+    )
     start = time.perf_counter()
     with pytest.raises(StageError) as failure:
         train(config, tmp_path / "run")

@@ -120,7 +120,8 @@ def _reference_loss(
 @pytest.mark.parametrize("mode", AGGREGATIONS)
 @pytest.mark.parametrize("packed", [True, False])
 def test_each_aggregation_matches_the_formula(mode: str, packed: bool) -> None:
-    config = _config(f"algorithm.loss_agg={mode}", "algorithm.kl_coef=0", f"batching.remove_padding={str(packed).lower()}",
+    packing = f"batching.remove_padding={str(packed).lower()}"
+    config = _config(f"algorithm.loss_agg={mode}", "algorithm.kl_coef=0", packing,
                      "batching.max_tokens_per_micro_batch=64")  # fmt: skip
     batch = _rows(**SKEWED)  # type: ignore[arg-type]
     grads, _ = _update(config, batch, ADVANTAGES)  # micro-batched: 67 tokens under a 64-token budget
