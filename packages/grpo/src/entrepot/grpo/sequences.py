@@ -151,11 +151,17 @@ def _packed_attention(
     return out.unsqueeze(0), None
 
 
+def _no_mask(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
 def _packed_logits(model: torch.nn.Module, batch: ResponseBatch, keep: torch.Tensor) -> torch.Tensor:
     """Logits [R, V] at flat positions `keep` of the packed row (the LM head runs on those only)."""
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface, AttentionMaskInterface
 
     AttentionInterface.register(PACKED_ATTENTION, _packed_attention)
+    # No [N, N] mask: the varlen kernel masks by cu_seqlens.
+    AttentionMaskInterface.register(PACKED_ATTENTION, _no_mask)
     device = _device_of(model)
     lengths = batch.lengths  # [B]
     starts = _starts(lengths)
@@ -168,6 +174,7 @@ def _packed_logits(model: torch.nn.Module, batch: ResponseBatch, keep: torch.Ten
     try:
         output = model(
             input_ids=batch.tokens[None].to(device),
+            attention_mask=torch.ones(1, batch.tokens.numel(), dtype=torch.int64, device=device),
             position_ids=position_ids[None].to(device),
             cu_seq_lens_q=cu,
             cu_seq_lens_k=cu,
