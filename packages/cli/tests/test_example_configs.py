@@ -1,7 +1,8 @@
 """The shipped example configs run: the local-HF-model + jsonl one trains two steps on CPU.
 
 The model directory is a tiny GPT-2 with a word-level tokenizer written by the test itself (no
-downloads); the config's own paths are overridden to point at it.
+downloads); the config's own paths are overridden to point at it. A config that validates but that
+no test trains is not shipped (`test_every_shipped_config_is_run`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,23 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from entrepot.cli.app import app
+
+TESTS = Path(__file__).resolve().parent
+
+# Every file in configs/ -> the test that trains it (test file, function) and how.
+RUN_BY = {
+    "default.yaml": (
+        "test_train_subprocess.py",
+        "test_train_writes_config_metrics_plot_and_checkpoint",
+        "the embedded default it equals (test_grpo_config.py checks that), shrunk, 4 steps, Ray",
+    ),
+    "addition.yaml": ("test_example_configs.py", "test_addition_config_trains", "2 steps, one process"),
+    "local-hf-jsonl-cpu.yaml": (
+        "test_example_configs.py",
+        "test_local_hf_jsonl_config_trains_on_cpu",
+        "2 steps; model.path and the data paths point at a tiny GPT-2 and jsonl the test writes",
+    ),
+}
 
 WORDS = ["what", "is", "12", "+", "30", "?", "answer", "after", "####", "42", "user", ":"]
 
@@ -62,3 +80,10 @@ def test_addition_config_trains(runner: CliRunner, configs_dir: Path, tmp_path: 
     assert run_dir.name.startswith("grpo-addition-")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2] and "accuracy" in records[-1]
+
+
+def test_every_shipped_config_is_run(configs_dir: Path) -> None:
+    shipped = sorted(p.name for p in configs_dir.glob("*.yaml"))
+    assert shipped == sorted(RUN_BY), "ship a config only with a test that trains it (RUN_BY)"
+    for name, (test_file, function, _how) in RUN_BY.items():
+        assert f"def {function}(" in (TESTS / test_file).read_text(), f"{name}: {test_file}::{function}"

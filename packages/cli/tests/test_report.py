@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from entrepot.cli import _metrics as m
-from entrepot.cli._live import TrainDisplay
+from entrepot.cli._live import TrainDisplay, dock_line
 from entrepot.cli._plot import plot_curves
 
 
@@ -52,6 +52,58 @@ def test_live_display_shows_latest_metrics_and_last_accuracy() -> None:
     assert "0.350" in text  # the latest reward (7/20)
     assert "eval accuracy" in text and "0.250" in text  # the accuracy of step 5 stays shown at step 7
     assert "rollout 300ms" in text
+
+
+def _dock_record(step: int) -> dict[str, float]:
+    """A step as the trainer reports it with dynamic sampling: rollout and reward read 8 refilled rows."""
+    record: dict[str, float] = {**_rows(step)[-1]}
+    reads = {  # consumer: (rows, bytes, wait seconds), in the trainer's (not the pipeline's) order
+        "actor_rollout": (264, 19008, 0.0003), "ref_log_prob": (256, 33808, 0.0421),
+        "rule_reward": (264, 17816, 0.0), "compute_advantage": (256, 3072, 0.0),
+        "actor_train": (256, 41496, 1.5), "grpo_metrics": (256, 3072, 0.0001),
+    }  # fmt: skip
+    for consumer, (rows, nbytes, wait_s) in reads.items():
+        record[f"dock/{consumer}/rows"] = float(rows)
+        record[f"dock/{consumer}/bytes"] = float(nbytes)
+        if wait_s:  # the trainer leaves out figures that did not change
+            record[f"dock/{consumer}/wait_s"] = wait_s
+    return record
+
+
+def test_dock_figures_in_pipeline_order_with_missing_figures_as_zero() -> None:
+    record = {"dock/custom_stage/rows": 4.0, **_dock_record(3), "dock/actor_log_prob/wait_s": 0.25}
+    figures = m.dock_figures(record)
+    assert list(figures) == ["actor_rollout", "rule_reward", "ref_log_prob", "actor_log_prob",
+                             "compute_advantage", "actor_train", "grpo_metrics", "custom_stage"]  # fmt: skip
+    assert figures["rule_reward"] == m.DockFigures(rows=264.0, nbytes=17816.0, wait_s=0.0)
+    assert figures["actor_log_prob"] == m.DockFigures(wait_s=0.25)
+    assert m.dock_figures(_rows(1)[0]) == {}
+
+
+def test_dock_line_says_the_shared_row_count_once() -> None:
+    assert dock_line(_dock_record(3)) == (
+        "dock 256 rows: rollout 264r 19kB 0ms  reward 264r 18kB 0ms  ref 34kB 42ms  adv 3kB 0ms  "
+        "train 41kB 1500ms  metrics 3kB 0ms"
+    )
+    record = {"dock/actor_rollout/rows": 4.0, "dock/actor_rollout/bytes": 512.0,
+              "dock/my_consumer/rows": 4.0, "dock/my_consumer/bytes": 2.5e6}  # fmt: skip
+    assert dock_line(record) == "dock 4 rows: rollout 512B 0ms  my_consumer 2.5MB 0ms"
+    assert dock_line(_rows(1)[0]) is None
+
+
+def test_live_display_shows_the_dock_on_one_line() -> None:
+    for width, whole in ((160, True), (60, False)):
+        out = io.StringIO()
+        with TrainDisplay(total_steps=20, console=Console(file=out, width=width)) as display:
+            display.update(_dock_record(3))
+        lines = [line for line in out.getvalue().splitlines() if line.startswith("dock")]
+        assert len(lines) == 1, out.getvalue()  # never wrapped onto a second line
+        line = lines[0].rstrip()
+        if whole:
+            assert line == dock_line(_dock_record(3))
+        else:  # too narrow: cut with an ellipsis
+            assert line.endswith("…") and len(line) <= width
+        assert "stages: rollout 300ms" in out.getvalue()
 
 
 def test_summary_reports_when_accuracy_first_reached_the_target(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ Fed by the trainer's `on_step` callback; it only formats what the trainer report
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -15,8 +16,48 @@ if TYPE_CHECKING:
     from rich.console import Console, RenderableType
 
 
+# Short names of the dock consumers on the one-line dock summary.
+_DOCK_SHORT = {
+    "actor_rollout": "rollout",
+    "rule_reward": "reward",
+    "ref_log_prob": "ref",
+    "actor_log_prob": "old_logp",
+    "compute_advantage": "adv",
+    "actor_train": "train",
+    "grpo_metrics": "metrics",
+}
+
+
 def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _fmt_bytes(count: float) -> str:
+    """Decimal units, two or three significant digits: 512B, 3kB, 18kB, 1.2MB, 40MB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            value = count / scale
+            return f"{value:.1f}{unit}" if value < 10 and unit != "kB" else f"{value:.0f}{unit}"
+    return f"{count:.0f}B"
+
+
+def dock_line(record: Mapping[str, Any]) -> str | None:
+    """One line of what every dock consumer read this step, or None when the step has no dock keys.
+
+    `dock 256 rows: rollout 18kB 0ms  reward 18kB 0ms  ref 34kB 0ms ...`: the row count most
+    consumers share is said once; a consumer that read a different count (dynamic sampling
+    refills rollout and reward) shows its own (`rollout 264r`). Consumer names are shortened.
+    """
+    figures = m.dock_figures(record)
+    if not figures:
+        return None
+    common = Counter(f.rows for f in figures.values()).most_common(1)[0][0]
+    parts = []
+    for consumer, f in figures.items():
+        rows = "" if f.rows == common else f" {f.rows:.0f}r"
+        name = _DOCK_SHORT.get(consumer, consumer)
+        parts.append(f"{name}{rows} {_fmt_bytes(f.nbytes)} {f.wait_s * 1000:.0f}ms")
+    return f"dock {common:.0f} rows: " + "  ".join(parts)
 
 
 class TrainDisplay:
@@ -80,6 +121,7 @@ class TrainDisplay:
     def _render(self) -> RenderableType:
         from rich.console import Group
         from rich.table import Table
+        from rich.text import Text
 
         latest = self.latest
         table = Table.grid(padding=(0, 2))
@@ -97,4 +139,8 @@ class TrainDisplay:
         table.add_row(*(cell for pair in rows[3:] for cell in pair))
         stages = m.stage_times(latest)
         stage_line = "  ".join(f"{name} {seconds * 1000:.0f}ms" for name, seconds in stages.items())
-        return Group(self.progress, table, f"[dim]stages: {stage_line or '-'}")
+        lines: list[RenderableType] = [self.progress, table, f"[dim]stages: {stage_line or '-'}"]
+        dock = dock_line(latest)
+        if dock is not None:  # one line whatever the width: cut with an ellipsis, never wrapped
+            lines.append(Text(dock, style="dim", no_wrap=True, overflow="ellipsis"))
+        return Group(*lines)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,17 @@ STEP_TIME = "time/step"
 EVAL_TIME = "time/eval"
 ELAPSED = "elapsed"  # added by `with_elapsed`: training seconds since the run began
 STAGE_PREFIX = "time/"
+DOCK_PREFIX = "dock/"  # dock/<consumer>/rows|bytes|wait_s: what each dock consumer read this step
+# The GRPO pipeline order of the dock consumers; consumers not listed follow in record order.
+DOCK_CONSUMERS = (
+    "actor_rollout",
+    "rule_reward",
+    "ref_log_prob",
+    "actor_log_prob",
+    "compute_advantage",
+    "actor_train",
+    "grpo_metrics",
+)
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -68,3 +80,34 @@ def stage_times(record: Mapping[str, Any]) -> dict[str, float]:
         for key, value in record.items()
         if key.startswith(STAGE_PREFIX) and key not in skip and isinstance(value, (int, float))
     }
+
+
+@dataclass(frozen=True)
+class DockFigures:
+    """What one dock consumer read in one step: rows, bytes and seconds spent waiting for them."""
+
+    rows: float = 0.0
+    nbytes: float = 0.0
+    wait_s: float = 0.0
+
+
+_DOCK_FIELDS = {"rows": "rows", "bytes": "nbytes", "wait_s": "wait_s"}  # key suffix -> DockFigures field
+
+
+def dock_figures(record: Mapping[str, Any]) -> dict[str, DockFigures]:
+    """Rows, bytes and wait seconds per dock consumer of one step (`dock/<consumer>/<figure>` keys).
+
+    The trainer leaves out figures that did not change during the step, so a missing one is 0.
+    Consumers come in GRPO pipeline order (`DOCK_CONSUMERS`), unknown ones after them.
+    """
+    found: dict[str, dict[str, float]] = {}
+    for key in record:
+        if not key.startswith(DOCK_PREFIX):
+            continue
+        consumer, _, figure = key[len(DOCK_PREFIX) :].rpartition("/")
+        value = number(record, key)
+        if consumer and figure in _DOCK_FIELDS and value is not None:
+            found.setdefault(consumer, {})[_DOCK_FIELDS[figure]] = value
+    rank = {name: i for i, name in enumerate(DOCK_CONSUMERS)}
+    order = sorted(found, key=lambda name: rank.get(name, len(rank)))  # stable: unknowns keep record order
+    return {name: DockFigures(**found[name]) for name in order}
