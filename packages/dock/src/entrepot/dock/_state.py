@@ -99,6 +99,7 @@ def restore(dock: DockLifecycle, state: Mapping[str, Any]) -> None:
         generator.set_state(saved_state)
     dock._counts.update(state["counts"])
     dock._rows_got = list(state["rows_got"])
-    dock._bytes_got = list(state.get("bytes_got", [0] * len(dock.consumers)))  # states saved by dock 0.1.0 lack it
+    # states saved by dock 0.1.0 lack it
+    dock._bytes_got = list(state.get("bytes_got", [0] * len(dock.consumers)))
     dock._wait_s = list(state["wait_s"])
     dock._recount()
