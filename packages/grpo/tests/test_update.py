@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing as mp
-import os
-import socket
+from queue import Empty
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.model import build_model
 from entrepot.grpo.optim import build_optimizer
 from entrepot.grpo.sequences import ResponseBatch, response_logprobs
-from entrepot.grpo.update import DataParallel, UpdateInputs, compute_logprobs, ppo_update
+from entrepot.grpo.update import UpdateInputs, compute_logprobs, ppo_update
 
 VOCAB = 16
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -149,39 +148,23 @@ def test_entropy_bonus_changes_the_gradient() -> None:
     assert diff > 1e-4
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _dp_rank(rank: int, port: int, mode: str, out: Any) -> None:
-    import torch.distributed as dist
-
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        config = _config(
-            f"algorithm.loss_agg={mode}", "algorithm.kl_coef=0", "batching.max_tokens_per_micro_batch=48"
-        )
-        batch = _rows(**SKEWED)  # type: ignore[arg-type]
-        rows = torch.tensor([0]) if rank == 0 else torch.tensor([1, 2, 3])  # 1 long row vs 3 short ones
-        grads, metrics = _update(config, batch.select(rows), ADVANTAGES[rows], dp=DataParallel())
-        out.put((rank, {n: g.numpy() for n, g in grads.items()}, metrics))  # numpy: no shared memory
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("mode", AGGREGATIONS)
 def test_dp2_gradient_equals_single_process_on_a_skewed_split(mode: str) -> None:
+    from tests_support_dp import dp_rank, free_port
+
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_dp_rank, args=(rank, port, mode, queue)) for rank in range(2)]
+    procs = [ctx.Process(target=dp_rank, args=(rank, free_port_once, mode, queue))
+             for free_port_once in [free_port()] for rank in range(2)]  # fmt: skip
     for proc in procs:
         proc.start()
-    results = dict((r, (g, m)) for r, g, m in (queue.get(timeout=120) for _ in procs))
+    results = {}
+    while len(results) < 2:
+        try:
+            rank, grads, metrics = queue.get(timeout=5)
+            results[rank] = (grads, metrics)
+        except Empty:
+            assert all(p.is_alive() for p in procs), [p.exitcode for p in procs]  # a rank died: fail now
     for proc in procs:
         proc.join(timeout=60)
         assert proc.exitcode == 0

@@ -1,0 +1,37 @@
+"""The DP=2 worker of test_update, in a plain module so that spawned processes import it by name."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import torch
+from test_update import ADVANTAGES, SKEWED, _config, _rows, _update
+
+from entrepot.grpo.update import DataParallel
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def dp_rank(rank: int, port: int, mode: str, out: Any) -> None:
+    """One of two gloo ranks: rank 0 trains on the long row, rank 1 on the three short ones."""
+    import torch.distributed as dist
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        config = _config(
+            f"algorithm.loss_agg={mode}", "algorithm.kl_coef=0", "batching.max_tokens_per_micro_batch=48"
+        )
+        batch = _rows(**SKEWED)  # type: ignore[arg-type]
+        rows = torch.tensor([0]) if rank == 0 else torch.tensor([1, 2, 3])
+        grads, metrics = _update(config, batch.select(rows), ADVANTAGES[rows], dp=DataParallel())
+        out.put((rank, {n: g.numpy() for n, g in grads.items()}, metrics))  # numpy: no shared memory
+    finally:
+        dist.destroy_process_group()
