@@ -10,6 +10,8 @@ from entrepot.cli.app import app
 def test_version_lists_every_installed_entrepot_package() -> None:
     result = CliRunner().invoke(app, ["--version"])
     assert result.exit_code == 0
+    from importlib.metadata import version
+
     for name in (
         "entrepot-batching",
         "entrepot-dock",
@@ -17,7 +19,7 @@ def test_version_lists_every_installed_entrepot_package() -> None:
         "entrepot-grpo",
         "entrepot-cli",
     ):
-        assert f"{name} 0.1" in result.output
+        assert f"{name} {version(name)}" in result.output
     assert "torch " in result.output
 
 
