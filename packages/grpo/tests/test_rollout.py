@@ -56,18 +56,3 @@ def test_resharding_adaptor_gives_the_same_inference_weights() -> None:
     assert sorted(via_adaptor) == sorted(direct)
     for name, tensor in direct.items():
         assert torch.equal(via_adaptor[name], tensor), name
-
-
-def test_packed_logprobs_equal_padded_logprobs() -> None:
-    from entrepot.grpo.model import packed_sequence_logprobs, sequence_logprobs
-
-    model, _ = _model_and_engine()
-    ids = torch.tensor([[2, 3, 4, 5, 6, 7], [8, 9, 10, 0, 0, 0], [4, 4, 0, 0, 0, 0]])
-    mask = (ids != 0).long()
-    padded, ent_padded = sequence_logprobs(model, ids, mask, with_entropy=True)
-    packed, ent_packed = packed_sequence_logprobs(model, ids, mask, with_entropy=True)
-    valid = mask[:, 1:].bool()  # positions that predict a real token
-    torch.testing.assert_close(packed[valid], padded[valid])
-    assert ent_packed is not None and ent_padded is not None
-    torch.testing.assert_close(ent_packed[valid], ent_padded[valid])
-    assert model.config._attn_implementation == "eager"  # restored after the packed call

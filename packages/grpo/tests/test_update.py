@@ -79,6 +79,7 @@ def test_packed_and_padded_log_probs_agree_on_long_tail_lengths() -> None:
     assert packed.shape == (sum(lengths),)
     torch.testing.assert_close(packed, padded, atol=1e-5, rtol=0)
     torch.testing.assert_close(packed_entropy, padded_entropy, atol=1e-5, rtol=0)
+    assert model.config._attn_implementation == "eager"  # restored after the packed call
 
 
 def test_packed_training_feeds_no_pad_token() -> None:

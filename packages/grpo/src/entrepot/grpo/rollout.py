@@ -82,9 +82,10 @@ def gpt2_infer_meta(
 def gpt2_hf_to_infer(named: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Convert HF GPT2LMHeadModel tensors to the inference layout by a direct local copy.
 
-    The plain loop uses this; the full system goes through entrepot.resharding's adaptor, whose
-    output a test checks to be identical. HF's Conv1D weights are [in, out]; c_attn already fuses
-    [Q | K | V] along out, so a transpose is all it takes. The tied ``lm_head.weight`` is dropped.
+    A reference for tests and callers without the resharder; the workers go through
+    entrepot.resharding's adaptor, whose output a test checks to be identical.
+    HF's Conv1D weights are [in, out]; c_attn already fuses [Q | K | V] along out, so a transpose
+    is all it takes. The tied ``lm_head.weight`` is dropped.
     """
     out: dict[str, torch.Tensor] = {}
     for name, tensor in named.items():

@@ -296,6 +296,8 @@ class Trainer:
         plan: list[list[list[int]]] = [[] for _ in range(world)]
         if rows.numel() == 0:
             return [[[]] for _ in range(world)], {}
+        if world == 1:  # one rank takes every row: no lengths to read from the dock
+            return [[rows[start : start + mini].tolist() for start in range(0, rows.numel(), mini)]], {}
         lengths = self._lengths(rows)
         rank_tokens = [0] * world
         for start in range(0, rows.numel(), mini):
@@ -309,8 +311,6 @@ class Trainer:
         return plan, {"dp/token_imbalance": max(rank_tokens) / mean - 1 if mean else 0.0}
 
     def _split_groups(self, lengths: list[int], world: int, n: int) -> list[list[int]]:
-        if world == 1:
-            return [list(range(len(lengths)))]
         if self.config.batching.dp_balance:
             from entrepot.batching import balance_across_ranks
 

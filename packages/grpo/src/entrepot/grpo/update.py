@@ -19,7 +19,7 @@ import torch
 
 from entrepot.grpo.config import AlgorithmConfig, BatchingConfig
 from entrepot.grpo.losses import loss_normalizer, policy_loss, token_weights
-from entrepot.grpo.sequences import ResponseBatch, response_logprobs
+from entrepot.grpo.sequences import ResponseBatch, response_logprobs, segment_index
 
 __all__ = ["DataParallel", "UpdateInputs", "compute_logprobs", "micro_batches", "ppo_update"]
 
@@ -86,14 +86,8 @@ def compute_logprobs(
             continue
         sub = batch.select(rows)
         logp, _ = response_logprobs(model, sub, packed=config.remove_padding, pad_token_id=pad_token_id)
-        out[_response_slots(batch, rows)] = logp.float().cpu()
+        out[segment_index(batch.response_lengths, rows)] = logp.float().cpu()
     return out
-
-
-def _response_slots(batch: ResponseBatch, rows: torch.Tensor) -> torch.Tensor:
-    from entrepot.grpo.sequences import segment_index
-
-    return segment_index(batch.response_lengths, rows)
 
 
 @dataclass
