@@ -24,6 +24,11 @@ RUN_BY = {
         "the embedded default it equals (test_grpo_config.py checks that), shrunk, 4 steps, Ray",
     ),
     "addition.yaml": ("test_example_configs.py", "test_addition_config_trains", "2 steps, one process"),
+    "megatron-tp2.yaml": (
+        "test_example_configs.py",
+        "test_megatron_tp2_config_trains_and_reward_rises",
+        "50 steps on 4 digits, Ray, 2 gloo ranks; reward rises",
+    ),
     "local-hf-jsonl-cpu.yaml": (
         "test_example_configs.py",
         "test_local_hf_jsonl_config_trains_on_cpu",
@@ -80,6 +85,30 @@ def test_addition_config_trains(runner: CliRunner, configs_dir: Path, tmp_path: 
     assert run_dir.name.startswith("grpo-addition-")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2] and "accuracy" in records[-1]
+
+
+def test_megatron_tp2_config_trains_and_reward_rises(
+    runner: CliRunner, configs_dir: Path, tmp_path: Path
+) -> None:
+    args = [
+        "grpo",
+        "train",
+        "-c",
+        str(configs_dir / "megatron-tp2.yaml"),
+        "-o",
+        str(tmp_path),
+        "--max-steps=50",
+    ]
+    args += ["-q", "data.num_digits=4", "algorithm.lr=3e-3", "eval.every=0", "eval.num_prompts=32"]
+    args += ["logging.tensorboard=false", "checkpoint.save_every=0"]
+    result = runner.invoke(app, args, env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    run_dir = next(tmp_path.iterdir())
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 50 and all(r["reshard/seconds"] > 0 for r in rows)
+    first = sum(r["reward_mean"] for r in rows[:10]) / 10
+    last = sum(r["reward_mean"] for r in rows[-10:]) / 10
+    assert last > first + 0.1, (first, last)
 
 
 def test_every_shipped_config_is_run(configs_dir: Path) -> None:

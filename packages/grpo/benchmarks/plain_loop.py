@@ -23,7 +23,7 @@ from entrepot.grpo.losses import group_advantages
 from entrepot.grpo.policy import Policy, build_policy
 from entrepot.grpo.sequences import ResponseBatch
 from entrepot.grpo.threads import configure_threads
-from entrepot.grpo.update import UpdateInputs, compute_logprobs, ppo_update
+from entrepot.grpo.update import UpdateInputs
 
 __all__ = ["plain_step", "run_plain"]
 
@@ -64,10 +64,8 @@ def plain_step(policy: Policy, config: GRPOConfig, step: int) -> dict[str, float
     scores = torch.tensor(rewards.score(texts, answers, config.reward.verifiers))
     t2 = time.perf_counter()
     ref = None
-    if policy.reference is not None:
-        ref = compute_logprobs(
-            policy.reference, batch, config.batching, "ref_log_prob", pad_token_id=tok.pad_token_id
-        )
+    if algo.kl_coef > 0:
+        ref = policy.trainer.logprobs(batch, "ref_log_prob", reference=True)
     t3 = time.perf_counter()
     advantages = group_advantages(
         scores, config.rollout.n_samples_per_prompt, normalize_std=algo.normalize_std
@@ -76,12 +74,9 @@ def plain_step(policy: Policy, config: GRPOConfig, step: int) -> dict[str, float
     minis = list(torch.split(torch.arange(batch.num_rows), mini))
     old = None
     if algo.epochs > 1 or len(minis) > 1:
-        old = compute_logprobs(
-            policy.model, batch, config.batching, "old_log_prob", pad_token_id=tok.pad_token_id
-        )
+        old = policy.trainer.logprobs(batch, "old_log_prob", reference=False)
     inputs = UpdateInputs(batch, advantages, old, ref, minis)
-    update = ppo_update(policy.model, policy.optimizer, policy.scheduler, inputs, algo, config.batching,
-                        pad_token_id=tok.pad_token_id)  # fmt: skip
+    update = policy.trainer.update(inputs)
     t4 = time.perf_counter()
     return {
         "reward_mean": float(scores.mean()),

@@ -52,8 +52,11 @@ def test_epochs_and_mini_batches_clip(tmp_path: Path) -> None:
 
 
 def test_offload_releases_training_weights_during_rollout(tmp_path: Path) -> None:
-    (kept,) = _steps(tmp_path / "kept", ["engine.offload_train_in_rollout=false"])
-    (offloaded,) = _steps(tmp_path / "off", ["engine.offload_train_in_rollout=true"])
+    (kept,) = _steps(tmp_path / "kept", ["engine.offload_params=false"])
+    (offloaded,) = _steps(
+        tmp_path / "off",
+        ["engine.offload_params=true", "engine.offload_grads=true", "engine.offload_optimizer=true"],
+    )
     assert kept["memory/train_param_bytes_in_rollout"] > 0
     assert offloaded["memory/train_param_bytes_in_rollout"] == 0
 
@@ -77,8 +80,9 @@ def test_plain_baseline_matches_the_full_system_first_step(tmp_path: Path) -> No
     plain = plain_step(policy, config, 0)
     assert plain["pg_loss"] == pytest.approx(full["pg_loss"], abs=1e-7)
     for name, grad in full_grads.items():
-        torch.testing.assert_close(dict(policy.model.named_parameters())[name].grad, grad, atol=1e-7, rtol=0)
-        torch.testing.assert_close(dict(policy.model.named_parameters())[name].detach(), full_params[name])
+        params = policy.trainer.named_parameters()
+        torch.testing.assert_close(params[name].grad, grad, atol=1e-7, rtol=0)
+        torch.testing.assert_close(params[name].detach(), full_params[name])
 
 
 @pytest.fixture(scope="module")

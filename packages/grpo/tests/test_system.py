@@ -127,7 +127,11 @@ def test_offloading_while_generating_changes_nothing(tmp_path: Path) -> None:
     params = []
     for offload in ("false", "true"):
         trainer = Trainer(
-            load_config(None, [*base, f"engine.offload_train_in_rollout={offload}"]), tmp_path / offload
+            load_config(
+                None,
+                [*base, *(f"engine.offload_{part}={offload}" for part in ("params", "grads", "optimizer"))],
+            ),
+            tmp_path / offload,
         )
         try:
             trainer.train_step()

@@ -25,19 +25,22 @@ __all__ = [
     "EngineConfig",
     "EvalConfig",
     "GRPOConfig",
+    "InferParallelConfig",
     "LoggingConfig",
     "ModelConfig",
+    "ParallelConfig",
     "PassBatchingConfig",
     "ResourcesConfig",
     "RewardConfig",
     "RolloutConfig",
     "ThreadsConfig",
+    "TrainParallelConfig",
 ]
 
 TaskName = Literal["reverse", "addition", "jsonl", "parquet"]
 KLKind = Literal["k1", "abs", "mse", "low_var_kl", "k3", "clamped"]
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
-TrainEngine = Literal["torch"]  # megatron joins when its worker path runs (a choice not wired is not offered)
+TrainEngine = Literal["torch", "megatron"]
 RolloutEngine = Literal["torch"]  # vllm likewise
 
 
@@ -277,12 +280,13 @@ class RewardConfig:
 
 @dataclass(kw_only=True)
 class EngineConfig:
-    """Which engines train and generate, on which device."""
+    """Which engines train and generate, on which device, and what is offloaded while generating."""
 
     train: TrainEngine = field(
         default="torch",
         metadata=_doc(
-            "Training engine: torch (an HF module; megatron-core is not wired into the workers yet)."
+            "Training engine: torch (an HF module, data parallel) or megatron (megatron-core GPTModel "
+            "with parallel.train's TP / PP; needs the entrepot-resharding[megatron] extra)."
         ),
     )
     rollout: RolloutEngine = field(
@@ -290,8 +294,25 @@ class EngineConfig:
         metadata=_doc("Rollout engine: torch (KV cache; vLLM is not wired into the workers yet)."),
     )
     device: str = field(default="cpu", metadata=_doc("torch device of the workers: cpu, cuda, npu."))
-    offload_train_in_rollout: bool = field(
-        default=False, metadata=_doc("Offload training params/grads/optimizer while generating.")
+    offload_params: bool = field(
+        default=False, metadata=_doc("Free the training parameters on the device while generating.")
+    )
+    offload_grads: bool = field(
+        default=False, metadata=_doc("Free the gradients on the device outside the update.")
+    )
+    offload_optimizer: bool = field(
+        default=False, metadata=_doc("Free the optimizer state on the device outside the update.")
+    )
+    offload_reference: bool = field(
+        default=False,
+        metadata=_doc("Keep the reference model in host memory between its uses (megatron engine)."),
+    )
+    reshard_bucket_mb: int = field(
+        default=256, metadata=_doc("Scratch MiB per rank and round of the train -> infer resharding.")
+    )
+    reshard_verify: bool = field(
+        default=True,
+        metadata=_doc("Checksum every resharded slice; a mismatch fails the step before any rollout."),
     )
 
     def __post_init__(self) -> None:
@@ -303,6 +324,71 @@ class EngineConfig:
             self.device,
             "cpu, cuda[:i] or npu[:i]",
         )
+        _check(self.reshard_bucket_mb >= 1, "engine.reshard_bucket_mb", self.reshard_bucket_mb, ">= 1")
+        _check(
+            not self.offload_reference or self.train == "megatron",
+            "engine.offload_reference",
+            True,
+            "false with engine.train=torch (its reference stays resident)",
+        )
+
+    @property
+    def offload_any(self) -> bool:
+        """Whether any training state leaves the device while generating."""
+        return self.offload_params or self.offload_grads or self.offload_optimizer
+
+
+@dataclass(kw_only=True)
+class TrainParallelConfig:
+    """The training layout (megatron-core): world = DP x TP x PP ranks of the actor group."""
+
+    tensor: int = field(default=1, metadata=_doc("Tensor-parallel size (megatron: heads and vocab split)."))
+    pipeline: int = field(default=1, metadata=_doc("Pipeline-parallel stages (layers split)."))
+    virtual_pipeline: int | None = field(
+        default=None, metadata=_doc("Model chunks per pipeline stage (interleaved schedule); None = 1.")
+    )
+    expert: int = field(default=1, metadata=_doc("Expert-parallel size (MoE models only)."))
+
+    def __post_init__(self) -> None:
+        for name in ("tensor", "pipeline", "expert"):
+            _check(getattr(self, name) >= 1, f"parallel.train.{name}", getattr(self, name), ">= 1")
+        vpp = self.virtual_pipeline
+        _check(vpp is None or vpp >= 1, "parallel.train.virtual_pipeline", vpp, "None or >= 1")
+        _check(
+            vpp in (None, 1) or self.pipeline > 1,
+            "parallel.train.virtual_pipeline",
+            vpp,
+            "None or 1 when parallel.train.pipeline is 1",
+        )
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks that hold one replica of the model (TP x PP)."""
+        return self.tensor * self.pipeline
+
+
+@dataclass(kw_only=True)
+class InferParallelConfig:
+    """The rollout layout on the same ranks; weights are resharded into it every step."""
+
+    tensor: int = field(default=1, metadata=_doc("Tensor-parallel size of the rollout engine."))
+    pipeline: int = field(default=1, metadata=_doc("Pipeline stages of the rollout engine (must be 1)."))
+    expert: int = field(default=1, metadata=_doc("Expert-parallel size of the rollout engine (MoE only)."))
+
+    def __post_init__(self) -> None:
+        for name in ("tensor", "pipeline", "expert"):
+            _check(getattr(self, name) >= 1, f"parallel.infer.{name}", getattr(self, name), ">= 1")
+        _check(
+            self.pipeline == 1, "parallel.infer.pipeline", self.pipeline, "1 (rollout engines here run PP=1)"
+        )
+
+
+@dataclass(kw_only=True)
+class ParallelConfig:
+    """Training and rollout layouts (MindSpeed-RL: tensor_model_parallel_size, infer_tensor_parallel_size)."""
+
+    train: TrainParallelConfig = field(default_factory=TrainParallelConfig, metadata=_doc("Training."))
+    infer: InferParallelConfig = field(default_factory=InferParallelConfig, metadata=_doc("Rollout."))
 
 
 @dataclass(kw_only=True)
@@ -405,7 +491,11 @@ class ResourcesConfig:
         default=None, metadata=_doc("Ray cluster address; None starts a local Ray.")
     )
     num_actor_workers: int = field(
-        default=1, metadata=_doc("Co-located actor workers (data parallel ranks).")
+        default=1,
+        metadata=_doc(
+            "Data-parallel replicas of the co-located actor; the group has this x parallel.train.tensor "
+            "x parallel.train.pipeline ranks."
+        ),
     )
     num_reward_workers: int = field(default=1, metadata=_doc("Rule-reward workers."))
     blocking: bool = field(
@@ -512,6 +602,7 @@ class GRPOConfig:
     )
     reward: RewardConfig = field(default_factory=RewardConfig, metadata=_doc("Rule verifiers."))
     engine: EngineConfig = field(default_factory=EngineConfig, metadata=_doc("Engines and device."))
+    parallel: ParallelConfig = field(default_factory=ParallelConfig, metadata=_doc("TP / PP layouts."))
     batching: BatchingConfig = field(default_factory=BatchingConfig, metadata=_doc("Micro-batching."))
     resources: ResourcesConfig = field(default_factory=ResourcesConfig, metadata=_doc("Workers."))
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata=_doc("Checkpoints."))
@@ -527,6 +618,7 @@ class GRPOConfig:
         )
         self._check_batches()
         self._check_workers()
+        self._check_parallel()
         self._check_positions()
         self._check_token_budgets()
 
@@ -570,6 +662,48 @@ class GRPOConfig:
             workers,
             "1 when resources.use_ray is false",
         )
+
+    def _check_parallel(self) -> None:
+        """The training / rollout layouts must fit the engines, the model and the ranks."""
+        train, infer, engine = self.parallel.train, self.parallel.infer, self.engine
+        if engine.train == "torch":
+            _check(
+                train.model_parallel == 1 and train.expert == 1,
+                "parallel.train",
+                f"tensor={train.tensor}, pipeline={train.pipeline}, expert={train.expert}",
+                "all 1 with engine.train=torch (data parallel only); use engine.train=megatron",
+            )
+        _check(train.expert == 1, "parallel.train.expert", train.expert,
+               "1: the megatron recipes here are dense models (no MoE yet)")  # fmt: skip
+        _check(infer.expert == 1, "parallel.infer.expert", infer.expert, "1: dense models only (no MoE yet)")
+        _check(
+            infer.tensor == 1,
+            "parallel.infer.tensor",
+            infer.tensor,
+            f"1 with engine.rollout={engine.rollout!r} (a TP rollout needs vLLM, not wired yet)",
+        )
+        world = self.resources.num_actor_workers * train.model_parallel
+        _check(
+            world == 1 or self.resources.use_ray,
+            "resources.use_ray",
+            self.resources.use_ray,
+            f"true: the actor group has {world} ranks (DP x TP x PP) and only Ray workers run several",
+        )
+        if self.model.path is None:  # the built decoder's shape is known here (a local model's at build)
+            _check(
+                self.model.num_heads % train.tensor == 0,
+                "parallel.train.tensor",
+                train.tensor,
+                f"a divisor of model.num_heads ({self.model.num_heads})",
+            )
+            stages = train.pipeline * (train.virtual_pipeline or 1)
+            _check(
+                self.model.num_layers % stages == 0,
+                "parallel.train.pipeline",
+                train.pipeline,
+                f"such that pipeline x virtual_pipeline ({stages}) divides model.num_layers "
+                f"({self.model.num_layers})",
+            )
 
     def _check_positions(self) -> None:
         """A synthetic prompt plus its response must fit the built decoder's learned positions."""

@@ -90,12 +90,41 @@ def evaluate(path: str | Path, num_prompts: int | None = None) -> dict[str, floa
     if not (target / "state.json").is_file():
         raise CheckpointError(f"{str(path)!r} is neither a run directory nor a checkpoint directory")
     meta = json.loads((target / "state.json").read_text())
-    config = config_from_dict(
-        {**meta["config"], "resources": {**meta["config"]["resources"], "num_actor_workers": 1}}
-    )
+    saved = meta["config"]
+    if saved.get("engine", {}).get("train") == "megatron":  # evaluate its HF export in this process
+        return _evaluate_hf_export(target, saved, num_prompts, float(meta["step"]))
+    config = config_from_dict({**saved, "resources": {**saved["resources"], "num_actor_workers": 1}})
     state, _ = ckpt.read_checkpoint(target, 0)
     worker = ActorWorker(config)
     worker.load_state([state])
     result = worker.evaluate(num_prompts)
     result["step"] = float(meta["step"])
+    return result
+
+
+def _evaluate_hf_export(
+    checkpoint: Path, saved: dict[str, Any], num_prompts: int | None, step: float
+) -> dict[str, float]:
+    """Greedy accuracy of a megatron checkpoint's ``hf/`` export, with the torch engine in this process."""
+    from safetensors.torch import load_file
+
+    from entrepot.grpo.workers import ActorWorker
+
+    export = checkpoint / "hf" / "model.safetensors"
+    if not export.is_file():
+        raise CheckpointError(
+            f"megatron checkpoint {str(checkpoint)!r} has no HF export (hf/model.safetensors)"
+        )
+    config = config_from_dict({
+        **saved, "engine": {**saved["engine"], "train": "torch", "offload_reference": False},
+        "parallel": {}, "resources": {**saved["resources"], "num_actor_workers": 1, "use_ray": False},
+    })  # fmt: skip
+    worker = ActorWorker(config)
+    model = worker.trainer.model
+    missing, unexpected = model.load_state_dict(load_file(str(export)), strict=False)
+    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+    if unexpected or set(missing) - tied:
+        raise CheckpointError(f"HF export of {str(checkpoint)!r}: missing {missing}, unexpected {unexpected}")
+    result = worker.evaluate(num_prompts)
+    result["step"] = step
     return result

@@ -1,7 +1,9 @@
 """Checkpoints: safetensors for every tensor, JSON for the rest, no pickle of anything loaded back.
 
 A checkpoint directory ``checkpoints/step_000050/`` holds:
-- ``model.safetensors`` / ``reference.safetensors``: parameters by HF name (tied weights once);
+- ``model.safetensors`` / ``reference.safetensors`` (``model.shard003.safetensors`` ... when the
+  model is split over TP x PP ranks: one file per shard): this rank's parameters (HF names for the torch
+  engine, its TP / PP shard under global training names for megatron; tied weights once);
 - ``optimizer.safetensors``: AdamW moments and step counts, keyed ``<param index>.<key>``;
 - ``rng.safetensors``: the torch global RNG and the rollout sampler's generator state;
 - ``dock.pt``: the dock's state_dict (plain tensors, read back with ``weights_only=True``);
@@ -28,22 +30,27 @@ __all__ = ["capture_state", "latest_checkpoint", "read_checkpoint", "restore_sta
 _FILES = ("model", "reference", "optimizer", "rng")
 
 
-def _params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {name: p.detach().clone().contiguous() for name, p in module.named_parameters()}
+def _copies(named: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: p.detach().cpu().clone().contiguous() for name, p in named.items()}
 
 
 def capture_state(worker: Policy) -> dict[str, Any]:
-    """Everything a rank needs to continue exactly: tensors per file plus JSON-able values."""
-    optim = worker.optimizer.state_dict()
+    """Everything a rank needs to continue exactly: tensors per file plus JSON-able values.
+
+    Parameters are this rank's (the whole model for the torch engine; its TP / PP shard under
+    global training names for megatron), so a run resumes with the layout it was saved with.
+    """
+    trainer = worker.trainer
+    optim = trainer.torch_optimizer.state_dict()
     optim_tensors = {
-        f"{index}.{key}": torch.as_tensor(value).clone()
+        f"{index}.{key}": torch.as_tensor(value).cpu().clone()
         for index, state in optim["state"].items()
         for key, value in state.items()
     }
-    scheduler = {k: v for k, v in worker.scheduler.state_dict().items() if k != "lr_lambdas"}
+    scheduler = {k: v for k, v in trainer.scheduler.state_dict().items() if k != "lr_lambdas"}
     return {
-        "model": _params(worker.model),
-        "reference": _params(worker.reference) if worker.reference is not None else {},
+        "model": _copies(trainer.named_parameters()),
+        "reference": _copies(trainer.named_reference()),
         "optimizer": optim_tensors,
         "rng": {"torch": torch.get_rng_state(), "sampler": worker.generator.get_state()},
         "json": {"param_groups": optim["param_groups"], "scheduler": scheduler},
@@ -52,15 +59,15 @@ def capture_state(worker: Policy) -> dict[str, Any]:
 
 def restore_state(worker: Policy, state: Mapping[str, Any]) -> None:
     """Load a `capture_state` result into a freshly built policy of the same config."""
+    trainer = worker.trainer
     with torch.no_grad():
-        for module, key in ((worker.model, "model"), (worker.reference, "reference")):
-            if module is None:
-                continue
+        for named, key in ((trainer.named_parameters(), "model"), (trainer.named_reference(), "reference")):
             saved = state[key]
-            for name, p in module.named_parameters():
+            for name, p in named.items():
                 if name not in saved:
                     raise CheckpointError(f"checkpoint {key} has no parameter {name!r}")
                 p.copy_(saved[name])
+    trainer.after_restore()
     per_param: dict[int, dict[str, torch.Tensor]] = {}
     for flat, value in state["optimizer"].items():
         index, key = flat.split(".", 1)
@@ -69,53 +76,74 @@ def restore_state(worker: Policy, state: Mapping[str, Any]) -> None:
     for group in groups:
         if "betas" in group:
             group["betas"] = tuple(group["betas"])
-    worker.optimizer.load_state_dict({"state": per_param, "param_groups": groups})
-    worker.scheduler.load_state_dict({**worker.scheduler.state_dict(), **state["json"]["scheduler"]})
+    trainer.torch_optimizer.load_state_dict({"state": per_param, "param_groups": groups})
+    trainer.scheduler.load_state_dict({**trainer.scheduler.state_dict(), **state["json"]["scheduler"]})
     torch.set_rng_state(state["rng"]["torch"])
     worker.generator.set_state(state["rng"]["sampler"])
 
 
+def _shard_file(name: str, shard: int, num_shards: int) -> str:
+    return f"{name}.safetensors" if num_shards == 1 else f"{name}.shard{shard:03d}.safetensors"
+
+
 def write_checkpoint(
-    directory: Path, rank_states: list[dict[str, Any]], meta: Mapping[str, Any], dock: Any = None
+    directory: Path,
+    rank_states: list[dict[str, Any]],
+    meta: Mapping[str, Any],
+    dock: Any = None,
+    shards: list[int] | None = None,
 ) -> Path:
-    """Write one checkpoint (rank 0's model/optimizer; every rank's RNG) atomically via a temp dir."""
+    """Write one checkpoint atomically via a temp dir: model/optimizer once per model shard, every RNG.
+
+    Args:
+        rank_states: `capture_state()` of every rank.
+        shards: each rank's model-parallel shard index (TP x PP position); ranks of one shard are
+            data-parallel replicas, so the first of them is written. Default: one shard.
+    """
     from safetensors.torch import save_file
 
+    shards = shards or [0] * len(rank_states)
+    num_shards = len(set(shards))
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    first = rank_states[0]
-    for name in ("model", "reference", "optimizer"):
-        save_file(first[name], str(tmp / f"{name}.safetensors"))
+    written: set[int] = set()
+    for state, shard in zip(rank_states, shards, strict=True):
+        if shard in written:
+            continue
+        written.add(shard)
+        for name in ("model", "reference", "optimizer"):
+            save_file(state[name], str(tmp / _shard_file(name, shard, num_shards)))
     rng = {f"rank{r}.{k}": v for r, s in enumerate(rank_states) for k, v in s["rng"].items()}
     save_file(rng, str(tmp / "rng.safetensors"))
     if dock is not None:
         dock(tmp / "dock.pt")
-    (tmp / "state.json").write_text(json.dumps({**meta, **first["json"]}, indent=1))
+    (tmp / "state.json").write_text(json.dumps({**meta, **rank_states[0]["json"], "num_shards": num_shards},
+                                               indent=1))  # fmt: skip
     shutil.rmtree(directory, ignore_errors=True)
     tmp.rename(directory)
     return directory
 
 
-def read_checkpoint(directory: Path, rank: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(state for `restore_state` of `rank`, meta dict) from a checkpoint directory."""
+def read_checkpoint(directory: Path, rank: int, shard: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(state for `restore_state` of `rank`, whose model shard is `shard`; meta dict) from a checkpoint."""
     from safetensors.torch import load_file
 
-    missing = [f"{n}.safetensors" for n in _FILES if not (directory / f"{n}.safetensors").is_file()]
-    if missing or not (directory / "state.json").is_file():
-        raise CheckpointError(
-            f"checkpoint {str(directory)!r} is incomplete: missing {missing or ['state.json']}"
-        )
+    if not (directory / "state.json").is_file():
+        raise CheckpointError(f"checkpoint {str(directory)!r} is incomplete: missing ['state.json']")
     meta = json.loads((directory / "state.json").read_text())
+    num_shards = int(meta.get("num_shards", 1))
+    files = {name: _shard_file(name, shard, num_shards) for name in _FILES[:3]}
+    missing = [f for f in [*files.values(), "rng.safetensors"] if not (directory / f).is_file()]
+    if missing:
+        raise CheckpointError(f"checkpoint {str(directory)!r} is incomplete: missing {missing}")
     rng_all = load_file(str(directory / "rng.safetensors"))
     prefix = f"rank{rank}."
     rng = {k[len(prefix) :]: v for k, v in rng_all.items() if k.startswith(prefix)}
     if not rng:
         raise CheckpointError(f"checkpoint {str(directory)!r} has no RNG state for rank {rank}")
     state = {
-        "model": load_file(str(directory / "model.safetensors")),
-        "reference": load_file(str(directory / "reference.safetensors")),
-        "optimizer": load_file(str(directory / "optimizer.safetensors")),
+        **{name: load_file(str(directory / file)) for name, file in files.items()},
         "rng": rng,
         "json": {"param_groups": meta["param_groups"], "scheduler": meta["scheduler"]},
     }

@@ -7,7 +7,9 @@ builds too, so both start from identical weights, engines and sampling streams.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,7 +20,7 @@ from entrepot.grpo.model import build_model, load_pretrained
 from entrepot.grpo.optim import build_optimizer
 from entrepot.grpo.rollout import GPT2RolloutEngine, SamplingParams
 
-__all__ = ["Policy", "build_policy", "sampling_generator", "total_optimizer_steps"]
+__all__ = ["Policy", "build_policy", "export_hf", "sampling_generator", "total_optimizer_steps"]
 
 
 @dataclass
@@ -26,26 +28,29 @@ class Policy:
     """Everything a co-located actor rank computes with.
 
     Attributes:
-        model: the training model (HF causal LM) on the configured device.
-        reference: a frozen copy of the initial model, or None when no stage needs it (kl_coef = 0).
-        optimizer, scheduler: AdamW and its LR schedule.
+        trainer: the training engine (`TorchTrainer`, or `MegatronTrainer` for engine.train=megatron):
+            model, reference, optimizer and LR schedule.
         setup: tokenizer and prompt source.
         engine: the rollout engine (own weights in the inference layout).
-        manager: entrepot.resharding's ShardingManager joining `model` and `engine` (infer / forward /
-            train modes, resharding and offload).
+        manager: entrepot.resharding's ShardingManager joining the trainer and `engine` (infer /
+            forward / train modes, resharding and offload).
         sampling: the rollout's sampling parameters.
-        generator: the rollout's sampling stream (seeded per DP rank).
+        generator: the rollout's sampling stream (seeded per rollout rank).
+        hf_config: the policy's HF config (an HF export writes it).
     """
 
-    model: torch.nn.Module
-    reference: torch.nn.Module | None
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    trainer: Any
     setup: TaskSetup
     engine: Any
     manager: Any
     sampling: SamplingParams
     generator: torch.Generator
+    hf_config: Any = None  # the HF config of the policy (what an HF export writes)
+
+    @property
+    def reshard_stats(self) -> Any:
+        """The last resharding's `ReshardStats` (None with the local layout conversion)."""
+        return getattr(self.manager.resharder, "stats", None)
 
 
 def total_optimizer_steps(config: GRPOConfig) -> int:
@@ -54,13 +59,17 @@ def total_optimizer_steps(config: GRPOConfig) -> int:
     return config.max_steps * config.algorithm.epochs * max(1, config.rollout.batch_size // mini)
 
 
-def sampling_generator(seed: int, dp_rank: int) -> torch.Generator:
-    """The rollout sampling stream of DP rank `dp_rank` (distinct per rank, fixed by the seed)."""
-    return torch.Generator().manual_seed(seed + 7919 * (dp_rank + 1))
+def sampling_generator(seed: int, rollout_rank: int) -> torch.Generator:
+    """The rollout sampling stream of rollout rank `rollout_rank` (distinct per rank, fixed by the seed)."""
+    return torch.Generator().manual_seed(seed + 7919 * (rollout_rank + 1))
 
 
-def build_policy(config: GRPOConfig, dp_rank: int = 0) -> Policy:
-    """Build (or load from `model.path`) the policy; every rank builds identical initial weights."""
+def build_policy(config: GRPOConfig, rollout_rank: int = 0) -> Policy:
+    """Build (or load from `model.path`) the policy; every rank builds identical initial weights.
+
+    With engine.train=megatron, megatron-core's parallel state must be initialised already
+    (`entrepot.grpo.megatron.init_model_parallel`).
+    """
     torch.manual_seed(config.seed)
     tokenizer = None
     if config.model.path is not None:
@@ -70,48 +79,101 @@ def build_policy(config: GRPOConfig, dp_rank: int = 0) -> Policy:
     if config.model.path is None:
         model = build_model(config.model, tok.vocab_size, pad_token_id=tok.pad_token_id,
                             eos_token_id=tok.eos_token_id)  # fmt: skip
-    model.to(config.engine.device)
-    reference = copy.deepcopy(model).requires_grad_(False) if config.algorithm.kl_coef > 0 else None
-    optimizer, scheduler = build_optimizer(model, config.algorithm, total_optimizer_steps(config))
-    engine, manager = _rollout_engine(config, model, optimizer)
     sampling = SamplingParams(
         temperature=config.rollout.temperature, top_p=config.rollout.top_p, top_k=config.rollout.top_k,
         max_new_tokens=setup.max_new_tokens,
         stop_token_ids=(tok.eos_token_id,) if config.rollout.stop_on_eos else (),
     )  # fmt: skip
-    return Policy(model, reference, optimizer, scheduler, setup, engine, manager, sampling,
-                  sampling_generator(config.seed, dp_rank))  # fmt: skip
+    generator = sampling_generator(config.seed, rollout_rank)
+    if config.engine.train == "megatron":
+        trainer, engine, manager = _megatron_policy(config, model)
+    else:
+        trainer, engine, manager = _torch_policy(config, model, int(tok.pad_token_id))
+    return Policy(trainer, setup, engine, manager, sampling, generator, model.config)
 
 
-def _rollout_engine(
-    config: GRPOConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer
-) -> tuple[Any, Any]:
-    """The rollout engine and the ShardingManager joining it to the training model.
-
-    GPT-2 gets the embedded engine in the fused inference layout; other architectures get an
-    HF-layout generation copy (`HFRolloutEngine`). Both receive weights through the resharder.
-    """
-    from entrepot.resharding import LocalResharder, Offloader, ShardingManager
+def _torch_policy(config: GRPOConfig, model: torch.nn.Module, pad_token_id: int) -> tuple[Any, Any, Any]:
+    """The HF module trained in this process, and its rollout engine joined by a local layout conversion."""
+    from entrepot.grpo.train_torch import TorchTrainer
+    from entrepot.resharding import LocalResharder
     from entrepot.resharding.adaptors import get_adaptor
     from entrepot.resharding.engines.torch import TorchTrainingEngine
 
-    architecture = type(model).__name__
-    adaptor = get_adaptor(architecture, model.config)
-    engine: Any
-    if architecture == "GPT2LMHeadModel":
-        engine = GPT2RolloutEngine.from_hf_config(model.config, device=config.engine.device)
-        resharder = LocalResharder(adaptor, target="infer")
-    else:
-        from entrepot.grpo.rollout_hf import HFRolloutEngine
+    model.to(config.engine.device)
+    reference = copy.deepcopy(model).requires_grad_(False) if config.algorithm.kl_coef > 0 else None
+    optimizer, scheduler = build_optimizer(model, config.algorithm, total_optimizer_steps(config))
+    trainer = TorchTrainer(config, model, reference, optimizer, scheduler, pad_token_id)
+    adaptor = get_adaptor(type(model).__name__, model.config)
+    engine = _rollout_engine(config, model)
+    target = "infer" if isinstance(engine, GPT2RolloutEngine) else "hf"
+    manager = _manager(config, TorchTrainingEngine(model, adaptor), engine, LocalResharder(adaptor, target),
+                       list(model.parameters()), optimizer)  # fmt: skip
+    return trainer, engine, manager
 
-        engine = HFRolloutEngine(copy.deepcopy(model).requires_grad_(False).eval())
-        resharder = LocalResharder(adaptor, target="hf")
-    offload = config.engine.offload_train_in_rollout
-    manager = ShardingManager(
-        TorchTrainingEngine(model, adaptor),
-        engine,
-        resharder,
-        Offloader(model, optimizer) if offload else None,
-        offload_train_params=offload, offload_grads=offload, offload_optimizer=offload,
+
+def _megatron_policy(config: GRPOConfig, model: torch.nn.Module) -> tuple[Any, Any, Any]:
+    """megatron-core chunks of this rank, resharded every rollout into a whole-model engine (TP 1)."""
+    from entrepot.grpo.megatron import MegatronTrainer
+    from entrepot.resharding import ParallelLayout, Resharder
+
+    trainer = MegatronTrainer(config, model)
+    infer = config.parallel.infer
+    resharder = Resharder(
+        trainer.adaptor, trainer.train_engine.layout, ParallelLayout(tp=infer.tensor),
+        bucket_bytes=config.engine.reshard_bucket_mb * 2**20, verify=config.engine.reshard_verify,
+        device=config.engine.device,
     )  # fmt: skip
-    return engine, manager
+    model.requires_grad_(False).eval()  # the HF copy only generates (non-GPT-2 architectures)
+    engine = _rollout_engine(config, model, copy_module=False)
+    params = [p for chunk in trainer.chunks for p in chunk.parameters()]
+    manager = _manager(config, trainer.train_engine, engine, resharder, params, trainer.torch_optimizer)
+    return trainer, engine, manager
+
+
+def _rollout_engine(config: GRPOConfig, model: torch.nn.Module, copy_module: bool = True) -> Any:
+    """GPT-2 gets the embedded engine in the fused inference layout; other architectures an HF copy."""
+    if type(model).__name__ == "GPT2LMHeadModel":
+        return GPT2RolloutEngine.from_hf_config(model.config, device=config.engine.device)
+    from entrepot.grpo.rollout_hf import HFRolloutEngine
+
+    module = copy.deepcopy(model) if copy_module else model
+    return HFRolloutEngine(module.requires_grad_(False).eval().to(config.engine.device))
+
+
+def _manager(
+    config: GRPOConfig, train_engine: Any, engine: Any, resharder: Any, params: Sequence[torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+) -> Any:  # fmt: skip
+    """The ShardingManager with the offload flags of `engine`."""
+    from entrepot.resharding import Offloader, ShardingManager
+
+    flags = config.engine
+    return ShardingManager(
+        train_engine, engine, resharder, Offloader(params, optimizer) if flags.offload_any else None,
+        offload_train_params=flags.offload_params, offload_grads=flags.offload_grads,
+        offload_optimizer=flags.offload_optimizer,
+    )  # fmt: skip
+
+
+def export_hf(policy: Policy, directory: str | Path) -> Path:
+    """Write the rollout engine's weights (resharded from training just before) as an HF model directory.
+
+    `transformers.AutoModelForCausalLM.from_pretrained(directory)` loads it; call it in infer mode.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from entrepot.grpo.rollout import gpt2_infer_to_hf
+
+    out = Path(directory)
+    engine = policy.engine
+    if isinstance(engine, GPT2RolloutEngine):
+        model = AutoModelForCausalLM.from_config(policy.hf_config)
+        weights = gpt2_infer_to_hf({name: t.detach().cpu() for name, t in engine.weights.items()})
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        if unexpected or any(name != "lm_head.weight" for name in missing):
+            raise RuntimeError(f"GPT-2 export: missing {missing}, unexpected {unexpected}")
+        model.tie_weights()
+    else:
+        model = engine.module
+    model.save_pretrained(out)
+    return out

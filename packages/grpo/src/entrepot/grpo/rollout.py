@@ -23,7 +23,14 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-__all__ = ["GPT2RolloutEngine", "RolloutEngine", "SamplingParams", "gpt2_hf_to_infer", "gpt2_infer_meta"]
+__all__ = [
+    "GPT2RolloutEngine",
+    "RolloutEngine",
+    "SamplingParams",
+    "gpt2_hf_to_infer",
+    "gpt2_infer_meta",
+    "gpt2_infer_to_hf",
+]
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,17 @@ def gpt2_hf_to_infer(named: Mapping[str, torch.Tensor]) -> dict[str, torch.Tenso
             name = name.replace(".attn.c_attn.", ".attn.qkv_proj.")
         is_conv1d = name.startswith("transformer.h.") and name.endswith(".weight") and ".ln_" not in name
         out[name] = tensor.t() if is_conv1d else tensor
+    return out
+
+
+def gpt2_infer_to_hf(named: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of `gpt2_hf_to_infer`: inference-layout tensors -> HF GPT2LMHeadModel names (Conv1D)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in named.items():
+        is_linear = name.startswith("transformer.h.") and name.endswith(".weight") and ".ln_" not in name
+        out[name.replace(".attn.qkv_proj.", ".attn.c_attn.")] = (
+            tensor.t().contiguous() if is_linear else tensor
+        )
     return out
 
 

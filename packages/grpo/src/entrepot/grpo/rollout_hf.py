@@ -8,13 +8,33 @@ HF-named weights through `LocalResharder(adaptor, target="hf")`, and samples wit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
 from entrepot.grpo.rollout import SamplingParams
 
 __all__ = ["HFRolloutEngine"]
+
+
+def _unfused(weights: Mapping[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
+    """Fused Llama-style inference names -> HF names (views, no copies)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    q_size = config.num_attention_heads * head_dim
+    kv_size = getattr(config, "num_key_value_heads", config.num_attention_heads) * head_dim
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in weights.items():
+        if ".qkv_proj." in name:
+            for part, piece in zip("qkv", tensor.split([q_size, kv_size, kv_size]), strict=True):
+                out[name.replace(".qkv_proj.", f".{part}_proj.")] = piece
+        elif ".gate_up_proj." in name:
+            gate, up = tensor.chunk(2)
+            out[name.replace(".gate_up_proj.", ".gate_proj.")] = gate
+            out[name.replace(".gate_up_proj.", ".up_proj.")] = up
+        else:
+            out[name] = tensor
+    return out
 
 
 def _engine_base() -> type:
@@ -26,9 +46,16 @@ def _engine_base() -> type:
 class HFRolloutEngine(_engine_base()):  # type: ignore[misc]
     """`TorchInferenceEngine` plus batched sampling with a KV cache (HF `generate`).
 
+    Takes HF names, or the fused inference layout a `Resharder` produces for Llama-style models
+    (``qkv_proj`` = [Q; K; V] rows, ``gate_up_proj`` = [gate; up]), which it splits back.
+
     Args:
         module: the generation copy of the model (its weights are overwritten on every load).
     """
+
+    def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Copy `weights` in place (fused ``qkv_proj`` / ``gate_up_proj`` are split into HF's)."""
+        super().load_weights(_unfused(weights, self.module.config))
 
     @torch.no_grad()
     def generate(

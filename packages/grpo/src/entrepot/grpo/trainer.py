@@ -32,6 +32,7 @@ from entrepot.grpo.losses import group_advantages, keep_varied_groups, sequence_
 from entrepot.grpo.metrics import MetricsWriter, dock_step_metrics, merge_rank_metrics
 from entrepot.grpo.threads import configure_threads
 from entrepot.grpo.workers import ActorWorker, Pending, RewardWorker, launch, text_tensor, wait_all
+from entrepot.grpo.workers.group import RankInfo
 
 __all__ = ["Trainer"]
 
@@ -178,7 +179,7 @@ class Trainer:
     def _log_prob_stages(self, num_groups: int) -> list[Callable[[], Pending[dict[str, float]]]]:
         """Starters of the reference and old log-prob stages over `num_groups` prompt groups."""
         algo = self.config.algorithm
-        count = self._share(num_groups, len(self.actors.ranks))
+        count = self._share(num_groups, self.actors.ranks[0].dp_size)  # one reader per model replica
         starts: list[Callable[[], Pending[dict[str, float]]]] = []
         if algo.kl_coef > 0:
             starts.append(lambda: self.actors.call(ActorWorker.reference_logprobs, self.dock, count))
@@ -331,7 +332,10 @@ class Trainer:
         states = self._wait([self.actors.call(ActorWorker.state)])[0]
         directory = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
         meta = {"step": self.step, "data_position": self.data_position, "config": config_to_dict(self.config)}
-        ckpt.write_checkpoint(directory, states, meta, dock=lambda path: self.dock.save(str(path)))
+        ckpt.write_checkpoint(directory, states, meta, dock=lambda path: self.dock.save(str(path)),
+                              shards=[_shard(rank) for rank in self.actors.ranks])  # fmt: skip
+        if self.config.engine.train == "megatron":  # sharded weights: also an HF directory, whole
+            self._wait([self.actors.call(ActorWorker.export_hf, str(directory / "hf"))])
         ckpt.prune(self.run_dir, self.config.checkpoint.keep_last)
         return directory
 
@@ -345,8 +349,8 @@ class Trainer:
             )
         states = []
         meta: dict[str, Any] = {}
-        for rank in range(len(self.actors.ranks)):
-            state, meta = ckpt.read_checkpoint(directory, rank)
+        for rank in self.actors.ranks:
+            state, meta = ckpt.read_checkpoint(directory, rank.rank, _shard(rank))
             states.append(state)
         self._wait([self.actors.call(ActorWorker.load_state, states)])
         if (directory / "dock.pt").is_file():
@@ -372,3 +376,8 @@ class Trainer:
         """Stop the workers (the Ray runtime itself stays up for the next run in this process)."""
         self.metrics.close()
         self.cluster.close()
+
+
+def _shard(rank: RankInfo) -> int:
+    """The model-parallel shard a rank holds (its TP x PP position; DP replicas share it)."""
+    return rank.pp_rank * rank.tp_size + rank.tp_rank

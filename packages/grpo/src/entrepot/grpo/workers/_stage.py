@@ -69,32 +69,38 @@ class DockReader:
         self.rows: list[int] | None = None  # the rows of the stage in progress, for StageError
 
     def get(
-        self, dock: DockClient, consumer: str, columns: Sequence[str], count: int, **kwargs: Any
-    ) -> Batch | None:
-        """One packed batch of up to `count` rows (None when the consumer has read every row)."""
-        if self.rank.model_parallel_size == 1:
+        self, dock: DockClient, consumer: str, columns: Sequence[str], count: int, *, alone: bool = False,
+        **kwargs: Any,
+    ) -> Batch | None:  # fmt: skip
+        """One packed batch of up to `count` rows (None when the consumer has read every row).
+
+        `alone` reads for this rank only, also inside a model-parallel group (the rollout, whose
+        engine holds the whole model on every rank).
+        """
+        if alone or self.group is None or self.rank.model_parallel_size == 1:
             batch = dock.get(consumer, list(columns), count, layout="packed", timeout=self.timeout, **kwargs)
         else:
             from entrepot.dock import dispatch_get
 
-            # the group's first rank (TP fastest, then PP: see rank_layout)
-            src = self.rank.rank - self.rank.tp_rank - self.rank.tp_size * self.rank.pp_rank
             batch = dispatch_get(
                 dock if self.rank.reads_dock else None, consumer, columns, count,
-                group=self.group, src=src, layout="packed", timeout=self.timeout, **kwargs,
+                group=self.group, src=self.rank.group_source, layout="packed", timeout=self.timeout, **kwargs,
             )  # fmt: skip
         if batch is not None:
             self.rows = (self.rows or []) + batch.indexes.tolist()
         return batch
 
     def batches(
-        self, dock: DockClient, consumer: str, columns: Sequence[str], count: int, min_count: int
-    ) -> Iterator[Batch]:
+        self, dock: DockClient, consumer: str, columns: Sequence[str], count: int, min_count: int,
+        *, alone: bool = False,
+    ) -> Iterator[Batch]:  # fmt: skip
         """Batches of up to `count` rows (at least `min_count`, whole groups) until the consumer has read all.
 
         Ranks that read the same stage share its rows: whoever asks first takes the next ones.
         """
-        while (batch := self.get(dock, consumer, columns, count, min_count=min_count)) is not None:
+        while (
+            batch := self.get(dock, consumer, columns, count, min_count=min_count, alone=alone)
+        ) is not None:
             yield batch
 
     def take(self, dock: DockClient, consumer: str, columns: Sequence[str], rows: Sequence[int]) -> Batch:

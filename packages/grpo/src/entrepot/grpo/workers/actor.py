@@ -13,7 +13,7 @@ the update takes exactly the rows the driver planned for each rank and sums grad
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -24,7 +24,7 @@ from entrepot.grpo.evaluation import greedy_eval
 from entrepot.grpo.policy import Policy, build_policy
 from entrepot.grpo.sequences import ResponseBatch
 from entrepot.grpo.threads import configure_threads
-from entrepot.grpo.update import DataParallel, UpdateInputs, compute_logprobs, ppo_update
+from entrepot.grpo.update import DataParallel, UpdateInputs
 from entrepot.grpo.workers._stage import DockReader, stage
 from entrepot.grpo.workers.group import RankInfo
 
@@ -41,9 +41,22 @@ def response_batch(batch: Batch) -> ResponseBatch:
     )
 
 
-def _train_bytes(model: torch.nn.Module) -> int:
+def _train_bytes(params: Iterable[torch.Tensor]) -> int:
     """Bytes the training parameters hold on their device now (0 while offloaded)."""
-    return sum(p.untyped_storage().nbytes() for p in model.parameters())
+    return sum(p.untyped_storage().nbytes() for p in params)
+
+
+def _reshard_metrics(stats: Any) -> dict[str, float]:
+    """`reshard/*` figures of the last train -> infer resharding (none for a local conversion)."""
+    if stats is None:
+        return {}
+    moved = stats.bytes_sent + stats.bytes_received + stats.bytes_local
+    return {
+        "reshard/seconds": stats.seconds,
+        "reshard/bytes": float(moved),
+        "reshard/gbps": moved / max(stats.seconds, 1e-9) / 1e9,
+        "reshard/scratch_bytes": float(stats.scratch_bytes),
+    }
 
 
 class ActorWorker:
@@ -61,17 +74,32 @@ class ActorWorker:
         configure_threads(config.threads, interop=True)
         self.config = config
         self.rank = rank or RankInfo(rank=0, world_size=1)
-        self.reader = DockReader(self.rank, config.resources.stage_timeout_s)
-        self.policy: Policy = build_policy(config, self.rank.dp_rank)
-        self.dp: DataParallel | None = None
-        if self.rank.world_size > 1:
+        group = None
+        if config.engine.train == "megatron":  # the process group and megatron's parallel state first
+            from megatron.core import parallel_state as mpu
+
+            from entrepot.grpo.megatron import init_model_parallel
+
+            init_model_parallel(config, self.rank.rank, self.rank.world_size, dist_init)
+            group = mpu.get_model_parallel_group() if self.rank.model_parallel_size > 1 else None
+        elif self.rank.world_size > 1:
             import torch.distributed as dist
 
             dist.init_process_group(
                 "gloo", init_method=dist_init, rank=self.rank.rank, world_size=self.rank.world_size
             )
-            self.dp = DataParallel()
+        self.reader = DockReader(self.rank, config.resources.stage_timeout_s, group)
+        # the rollout engine holds the whole model on every rank (inference TP 1): each rank samples
+        self.policy: Policy = build_policy(config, rollout_rank=self.rank.rank)
+        self.trainer = self.policy.trainer
+        if self.rank.world_size > 1 and config.engine.train == "torch":
+            self.trainer.dp = DataParallel()
         self._exit_infer_s = 0.0
+
+    @property
+    def _writes(self) -> bool:
+        """Whether this rank puts the group's log-probs (the last pipeline stage's first TP rank)."""
+        return bool(self.trainer.is_last_stage and self.trainer.tp_rank == 0)
 
     @property
     def _pad(self) -> int:
@@ -86,9 +114,9 @@ class ActorWorker:
         t0 = time.perf_counter()
         policy.manager.enter_infer_mode()
         t1 = time.perf_counter()
-        train_bytes = _train_bytes(policy.model)  # what the training weights hold while generating
+        train_bytes = _train_bytes(policy.trainer.named_parameters().values())  # held while generating
         tokens = 0
-        for batch in self.reader.batches(dock, "actor_rollout", ["prompts"], count, min_count=n):
+        for batch in self.reader.batches(dock, "actor_rollout", ["prompts"], count, min_count=n, alone=True):
             prompts = torch.split(batch.data["prompts"], batch.lengths["prompts"].tolist())
             responses = policy.engine.generate(
                 prompts, policy.sampling, pad_token_id=self._pad, generator=policy.generator
@@ -105,16 +133,14 @@ class ActorWorker:
             "time/generate": t2 - t1,
             "rollout_tokens": float(tokens),
             "memory/train_param_bytes_in_rollout": float(train_bytes),
+            **_reshard_metrics(policy.reshard_stats),
         }
 
     @stage("ref_log_prob")
     def reference_logprobs(self, dock: DockClient, count: int) -> dict[str, float]:
         """Reference log-probs of response tokens (flat, per row) into the dock, `count` rows at a time."""
-        reference = self.policy.reference
-        if reference is None:
-            raise RuntimeError("reference stage called with algorithm.kl_coef == 0")
         t0 = time.perf_counter()
-        self._log_probs(dock, "ref_log_prob", "ref_log_prob", reference, count)
+        self._log_probs(dock, "ref_log_prob", "ref_log_prob", count, reference=True)
         return {"time/ref": time.perf_counter() - t0}
 
     @stage("actor_log_prob")
@@ -122,18 +148,19 @@ class ActorWorker:
         """Log-probs of the sampling policy (needed when the update takes several optimiser steps)."""
         t0 = time.perf_counter()
         self.policy.manager.enter_forward_mode()
-        self._log_probs(dock, "actor_log_prob", "old_log_prob", self.policy.model, count)
+        self._log_probs(dock, "actor_log_prob", "old_log_prob", count, reference=False)
         self.policy.manager.exit_forward_mode()
         return {"time/old_logp": time.perf_counter() - t0}
 
     def _log_probs(
-        self, dock: DockClient, consumer: str, column: str, model: torch.nn.Module, count: int
+        self, dock: DockClient, consumer: str, column: str, count: int, *, reference: bool
     ) -> None:
         n = self.config.rollout.n_samples_per_prompt
         for batch in self.reader.batches(dock, consumer, _SEQUENCE_COLUMNS, count, min_count=n):
             rows = response_batch(batch)
-            logp = compute_logprobs(model, rows, self.config.batching, column, pad_token_id=self._pad)
-            dock.put({column: (logp, rows.response_lengths)}, batch.indexes)
+            logp = self.trainer.logprobs(rows, column, reference=reference)
+            if self._writes:
+                dock.put({column: (logp, rows.response_lengths)}, batch.indexes)
 
     @stage("actor_train")
     def update(
@@ -143,19 +170,18 @@ class ActorWorker:
         t0 = time.perf_counter()
         cfg, policy = self.config, self.policy
         mine = plan[self.rank.dp_rank]
-        use_ref = policy.reference is not None and not cfg.algorithm.kl_in_reward
+        use_ref = cfg.algorithm.kl_coef > 0 and not cfg.algorithm.kl_in_reward
         columns = [*_SEQUENCE_COLUMNS, "advantages", *(["ref_log_prob"] if use_ref else []),
                    *(["old_log_prob"] if with_old else [])]  # fmt: skip
         inputs = self._update_inputs(dock, columns, mine, use_ref, with_old)
         t_switch = time.perf_counter()
         policy.manager.enter_train_mode()
         to_train = self._exit_infer_s + time.perf_counter() - t_switch
-        metrics = ppo_update(policy.model, policy.optimizer, policy.scheduler, inputs, cfg.algorithm,
-                             cfg.batching, dp=self.dp, pad_token_id=self._pad)  # fmt: skip
+        metrics = self.trainer.update(inputs)
         policy.manager.exit_train_mode()
         metrics["time/update"] = time.perf_counter() - t0
         metrics["time/reshard_to_train"] = to_train
-        metrics["train_tokens"] = float(inputs.batch.lengths.sum())
+        metrics["train_tokens"] = float(inputs.batch.lengths.sum()) if self.rank.reads_dock else 0.0
         return metrics
 
     def _update_inputs(
@@ -193,6 +219,18 @@ class ActorWorker:
         finally:
             manager.exit_infer_mode()
 
+    def export_hf(self, directory: str) -> None:
+        """Rank 0 writes the policy as an HF model directory (every rank joins the resharding)."""
+        from entrepot.grpo.policy import export_hf
+
+        manager = self.policy.manager
+        manager.enter_infer_mode()
+        try:
+            if self.rank.rank == 0:
+                export_hf(self.policy, directory)
+        finally:
+            manager.exit_infer_mode()
+
     # -- checkpoint state and inspection --------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
@@ -208,14 +246,13 @@ class ActorWorker:
         restore_state(self.policy, states[self.rank.rank])
 
     def parameters_digest(self) -> dict[str, torch.Tensor]:
-        """A copy of every trainable parameter (tests compare runs bit for bit)."""
-        return {n: p.detach().clone() for n, p in self.policy.model.named_parameters()}
+        """A copy of this rank's trainable parameters (tests compare runs bit for bit)."""
+        return {n: p.detach().cpu().clone() for n, p in self.trainer.named_parameters().items()}
 
     def gradients_digest(self) -> dict[str, torch.Tensor]:
-        """A copy of every gradient of the last optimiser step (after clipping)."""
-        return {
-            n: p.grad.detach().clone() for n, p in self.policy.model.named_parameters() if p.grad is not None
-        }
+        """A copy of every gradient of the last optimiser step (after clipping; torch engine)."""
+        params = self.trainer.named_parameters().items()
+        return {n: p.grad.detach().clone() for n, p in params if p.grad is not None}
 
     def runtime_info(self) -> dict[str, Any]:
         """Thread settings as this process sees them (tests check the Ray workers)."""
@@ -228,7 +265,7 @@ class ActorWorker:
         }
 
     def shutdown(self) -> None:
-        if self.dp is not None:
+        if self.rank.world_size > 1 or self.config.engine.train == "megatron":
             import torch.distributed as dist
 
             if dist.is_initialized():

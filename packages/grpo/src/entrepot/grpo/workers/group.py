@@ -34,8 +34,8 @@ P = ParamSpec("P")
 class RankInfo:
     """Where a worker sits: its global rank and its data / tensor / pipeline parallel coordinates.
 
-    Ranks are numbered with TP fastest, then PP, then DP (megatron-core's order), so the ranks of one
-    model-parallel group (same DP rank) are contiguous.
+    Ranks are numbered as megatron-core numbers them (and `entrepot.resharding.ParallelLayout`):
+    TP fastest, then DP, then PP; the ranks of one model-parallel group share a DP rank.
     """
 
     rank: int
@@ -58,6 +58,11 @@ class RankInfo:
         return self.tp_rank == 0 and self.pp_rank == 0
 
     @property
+    def group_source(self) -> int:
+        """Global rank of this rank's model-parallel group leader (TP rank 0 of PP stage 0)."""
+        return self.dp_rank * self.tp_size
+
+    @property
     def name(self) -> str:
         if self.model_parallel_size == 1:
             return f"rank {self.rank}"
@@ -65,21 +70,19 @@ class RankInfo:
 
 
 def rank_layout(dp_size: int, tp_size: int = 1, pp_size: int = 1) -> list[RankInfo]:
-    """Every rank of a DP x PP x TP group, TP fastest."""
+    """Every rank of a DP x TP x PP group, in megatron-core's order (TP fastest, PP slowest)."""
+    from entrepot.resharding.layout import ParallelLayout
+
     world = dp_size * tp_size * pp_size
-    return [
-        RankInfo(
-            rank=r,
-            world_size=world,
-            dp_rank=r // (tp_size * pp_size),
-            dp_size=dp_size,
-            tp_rank=r % tp_size,
-            tp_size=tp_size,
-            pp_rank=(r // tp_size) % pp_size,
-            pp_size=pp_size,
-        )
-        for r in range(world)
-    ]
+    layout = ParallelLayout(tp=tp_size, pp=pp_size)
+    ranks = []
+    for r in range(world):
+        c = layout.coords(r, world)
+        ranks.append(
+            RankInfo(rank=r, world_size=world, dp_rank=c.dp_rank, dp_size=dp_size,
+                     tp_rank=c.tp_rank, tp_size=tp_size, pp_rank=c.pp_rank, pp_size=pp_size)
+        )  # fmt: skip
+    return ranks
 
 
 class Pending(Generic[R]):

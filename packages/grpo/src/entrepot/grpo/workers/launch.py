@@ -51,7 +51,8 @@ def launch(config: GRPOConfig) -> Cluster:
         "extra_columns": ("answer", "accuracy"),
         "seed": config.seed,
     }
-    actor_ranks = rank_layout(resources.num_actor_workers)
+    train = config.parallel.train
+    actor_ranks = rank_layout(resources.num_actor_workers, train.tensor, train.pipeline)
     reward_ranks = rank_layout(resources.num_reward_workers)
     if not resources.use_ray:
         return Cluster(

@@ -1,0 +1,66 @@
+"""Spawned ranks of the megatron tests (imported by name in each child process).
+
+Each rank builds the embedded GPT-2 policy, loads it into megatron-core at the asked TP / PP on
+gloo, and compares with the HF module in the same process: log-probs of random rows and the
+parameters after one clipped PPO update (megatron's shard vs the same slice of the HF update).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+
+from entrepot.grpo.config import load_config
+from entrepot.grpo.megatron import MegatronTrainer, init_model_parallel
+from entrepot.grpo.model import build_model
+from entrepot.grpo.optim import build_optimizer
+from entrepot.grpo.sequences import ResponseBatch, response_logprobs
+from entrepot.grpo.update import UpdateInputs, ppo_update
+
+VOCAB = 14
+
+
+def _rows(seed: int = 3, num_rows: int = 8) -> ResponseBatch:
+    g = torch.Generator().manual_seed(seed)
+    prompt_lengths = torch.randint(3, 9, (num_rows,), generator=g)
+    response_lengths = torch.randint(1, 9, (num_rows,), generator=g)
+    prompts = torch.randint(0, VOCAB, (int(prompt_lengths.sum()),), generator=g)
+    responses = torch.randint(0, VOCAB, (int(response_lengths.sum()),), generator=g)
+    return ResponseBatch.from_packed(prompts, prompt_lengths, responses, response_lengths)
+
+
+def compare_with_hf(rank: int, world: int, tp: int, pp: int, port: int, out: str) -> None:
+    """Write {logp_diff, param_diff} of this rank (param_diff after one update) to `out`/rank.json."""
+    torch.set_num_threads(1)
+    overrides = ["engine.train=megatron", f"parallel.train.tensor={tp}", f"parallel.train.pipeline={pp}",
+                 "algorithm.kl_coef=0.0", "batching.max_tokens_per_micro_batch=40", "algorithm.grad_clip=0.5",
+                 ]  # fmt: skip
+    config = load_config(None, overrides)
+    init_model_parallel(config, rank, world, f"tcp://127.0.0.1:{port}")
+    torch.manual_seed(0)
+    hf = build_model(config.model, VOCAB, pad_token_id=0, eos_token_id=1)
+    single = copy.deepcopy(hf)
+    trainer = MegatronTrainer(config, hf)
+    batch = _rows()
+    result: dict[str, float] = {}
+    logp = trainer.logprobs(batch, "old_log_prob", reference=False)
+    if logp is not None:  # the last pipeline stage
+        with torch.no_grad():
+            expected, _ = response_logprobs(single, batch, packed=True)
+        result["logp_diff"] = float((logp - expected).abs().max())
+    advantages = torch.randn(batch.num_rows, generator=torch.Generator().manual_seed(5))
+    inputs = UpdateInputs(batch, advantages, None, None, [torch.arange(batch.num_rows)])
+    metrics = trainer.update(inputs)
+    optimizer, scheduler = build_optimizer(single, config.algorithm, 300)
+    expected_metrics = ppo_update(single, optimizer, scheduler, inputs, config.algorithm, config.batching)
+    full = trainer.adaptor.hf_to_train({n: p.detach() for n, p in single.state_dict().items()})
+    coords = trainer.train_engine.layout.coords(rank, world)
+    shard = trainer.adaptor.shard(full, trainer.train_engine.layout, tp_rank=coords.tp_rank,
+                                  pp_rank=coords.pp_rank)  # fmt: skip
+    mine = trainer.named_parameters()
+    result["param_diff"] = max(float((mine[n] - shard[n]).abs().max()) for n in mine)
+    result["grad_norm_diff"] = abs(metrics["grad_norm"] - expected_metrics["grad_norm"])
+    Path(out, f"{rank}.json").write_text(json.dumps(result))
