@@ -175,5 +175,10 @@ def _named_global(chunk: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
         if indices is not None:
             expert_indices = [int(i) for i in indices]
             break
+    # With tied embeddings and PP > 1 the last stage holds a copy of the word embeddings as
+    # `output_layer.weight` (megatron keeps the two equal); the first stage's is the weight.
+    tied_copy = getattr(chunk, "share_embeddings_and_output_weights", False) and not chunk.pre_process
     for name, param in chunk.named_parameters():
+        if tied_copy and name == "output_layer.weight":
+            continue
         yield global_train_name(name, layer_numbers, expert_indices), param
