@@ -64,3 +64,31 @@ def test_file_errors(tmp_path: Path) -> None:
     bad.write_text("rollout:\n  n_samples: 4\n")
     with pytest.raises(GRPOConfigError, match=r"unknown key .rollout\.n_samples."):
         load_config(bad)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["parallel.train.tensor=2"], "parallel.train"),  # torch engine: data parallel only
+        (["engine.train=megatron", "parallel.train.tensor=3"], "parallel.train.tensor"),  # 4 heads
+        (["engine.train=megatron", "parallel.train.pipeline=4"], "parallel.train.pipeline"),  # 2 layers
+        (
+            ["engine.train=megatron", "parallel.train.pipeline=2", "parallel.train.virtual_pipeline=2"],
+            "parallel.train.virtual_pipeline",
+        ),
+        (["engine.train=megatron", "parallel.train.expert=2"], "parallel.train.expert"),
+        (["engine.train=megatron", "parallel.infer.tensor=2"], "parallel.infer.tensor"),
+        (
+            ["engine.train=megatron", "parallel.train.tensor=2", "resources.use_ray=false"],
+            "resources.use_ray",
+        ),
+        (["engine.offload_reference=true"], "engine.offload_reference"),
+    ],
+)
+def test_impossible_layouts_are_refused_naming_the_key(overrides: list[str], key: str) -> None:
+    import re
+
+    from entrepot.grpo.errors import GRPOConfigError
+
+    with pytest.raises(GRPOConfigError, match="^" + re.escape(key) + r" \("):
+        load_config(None, overrides)
