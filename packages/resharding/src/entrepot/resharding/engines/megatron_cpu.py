@@ -92,15 +92,19 @@ def enable_cpu_mode(device: torch.device | str = "cpu") -> bool:
 
 
 def _patch_torch() -> None:
-    torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment,return-value]
-    torch.cuda.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
     # the CPU generator stands in for the GPU's (torch.manual_seed itself calls manual_seed_all)
-    torch.cuda.manual_seed = lambda seed: torch.default_generator.manual_seed(seed)  # type: ignore[assignment]
-    torch.cuda.manual_seed_all = lambda seed: None  # type: ignore[assignment]
-    torch.cuda.get_rng_state = lambda device=None: torch.get_rng_state()  # type: ignore[assignment]
-    torch.cuda.set_rng_state = lambda state, device=None: torch.set_rng_state(state)  # type: ignore[assignment]
-    torch.cuda.random.get_rng_state = torch.cuda.get_rng_state  # type: ignore[assignment]
-    torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[assignment,method-assign]
+    cuda_calls: dict[str, Callable[..., Any]] = {
+        "current_device": lambda: torch.device("cpu"),
+        "synchronize": lambda *args, **kwargs: None,
+        "manual_seed": lambda seed: torch.default_generator.manual_seed(seed),
+        "manual_seed_all": lambda seed: None,
+        "get_rng_state": lambda device=None: torch.get_rng_state(),
+        "set_rng_state": lambda state, device=None: torch.set_rng_state(state),
+    }
+    for name, replacement in cuda_calls.items():
+        setattr(torch.cuda, name, replacement)
+    setattr(torch.cuda.random, "get_rng_state", cuda_calls["get_rng_state"])  # noqa: B010
+    setattr(torch.Tensor, "cuda", lambda self, *args, **kwargs: self)  # noqa: B010
     for name in _FACTORIES:
         setattr(torch, name, _cuda_to_cpu(getattr(torch, name)))
 
@@ -109,11 +113,11 @@ def _patch_megatron_rng() -> None:
     """The RNG tracker swaps CUDA generator states; on CPU it swaps the CPU generator's."""
     import megatron.core.tensor_parallel.random as megatron_random
 
-    megatron_random._get_cuda_rng_state = (  # type: ignore[assignment]
-        lambda device="cuda", clone=False, graph_safe=False: torch.get_rng_state()
+    megatron_random._get_cuda_rng_state = lambda device="cuda", clone=False, graph_safe=False: (
+        torch.get_rng_state()
     )
-    megatron_random._set_cuda_rng_state = (  # type: ignore[assignment]
-        lambda new_state, device=-1, graph_safe=False: torch.set_rng_state(new_state)
+    megatron_random._set_cuda_rng_state = lambda new_state, device=-1, graph_safe=False: torch.set_rng_state(
+        new_state
     )
 
 
@@ -132,5 +136,5 @@ def _patch_megatron_clip() -> None:
     import megatron.core.optimizer.clip_grads as clip_grads
     import megatron.core.optimizer.optimizer as optimizer
 
-    clip_grads.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm  # type: ignore[assignment]
-    optimizer.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm  # type: ignore[assignment]
+    clip_grads.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm
+    optimizer.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm
