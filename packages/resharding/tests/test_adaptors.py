@@ -35,6 +35,7 @@ from entrepot.resharding.adaptors.layouts import (
     interleave_qkv,
     interleaved_qkv_to_fused,
     shard_dim,
+    unshard_dim,
 )
 from entrepot.resharding.layout import layers_of_stage
 
@@ -304,6 +305,59 @@ def test_shard_dim_cuts_each_fused_chunk() -> None:
     assert shard_dim(fused, 0, 2, 1, fused_chunks=2).flatten().tolist() == [2, 3, 6, 7]
     with pytest.raises(ShapeMismatchError, match="divisible"):
         shard_dim(fused, 0, 3, 0)
+    shards = [shard_dim(fused, 0, 2, i, fused_chunks=2) for i in range(2)]
+    assert torch.equal(unshard_dim(shards, 0, fused_chunks=2), fused)
+    with pytest.raises(ShapeMismatchError, match="different shapes"):
+        unshard_dim([fused, fused[:4]], 0)
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("architecture", ["GPT2LMHeadModel", "LlamaForCausalLM", "Qwen2ForCausalLM"])
+def test_unshard_inverts_shard(architecture: str, tp: int, pp: int) -> None:
+    config, model = _model(architecture)
+    adaptor = get_adaptor(architecture, config)
+    full = adaptor.hf_to_train(_state(model))
+    layout = ParallelLayout(tp=tp, pp=pp)
+    shards = {(t, p): adaptor.shard(full, layout, tp_rank=t, pp_rank=p) for t in range(tp) for p in range(pp)}
+    got = adaptor.unshard(shards, layout)
+    assert sorted(got) == sorted(full)
+    for name, tensor in full.items():
+        assert got[name].shape == tensor.shape and torch.equal(got[name], tensor), name
+
+
+@pytest.mark.parametrize(
+    "layout", [ParallelLayout(tp=2, pp=2), ParallelLayout(tp=2, ep=2, expert_tp=1)], ids=["tp2pp2", "tp2ep2"]
+)
+def test_unshard_from_one_shard_per_rank_with_data_parallel_and_experts(layout: ParallelLayout) -> None:
+    config, model = _model("Qwen3MoeForCausalLM")
+    adaptor = get_adaptor("Qwen3MoeForCausalLM", config)
+    full = adaptor.hf_to_train(_state(model))
+    ranks = [layout.coords(rank, 4) for rank in range(4)]
+    shards = [adaptor.shard(full, layout, c.tp_rank, c.pp_rank, c.ep_rank, c.etp_rank) for c in ranks]
+    got = adaptor.unshard(shards, layout)
+    assert sorted(got) == sorted(full)
+    assert all(torch.equal(got[name], tensor) for name, tensor in full.items())
+
+
+def test_unshard_names_the_missing_rank_or_weight() -> None:
+    config, model = _model("LlamaForCausalLM")
+    adaptor = get_adaptor("LlamaForCausalLM", config)
+    full = adaptor.hf_to_train(_state(model))
+    layout = ParallelLayout(tp=2, pp=2)
+    shards = {(t, p): adaptor.shard(full, layout, tp_rank=t, pp_rank=p) for t in range(2) for p in range(2)}
+    with pytest.raises(LayoutError, match=r"no shard for \(tp_rank=1, pp_rank=0\)"):
+        adaptor.unshard({k: v for k, v in shards.items() if k != (1, 0)}, layout)
+    with pytest.raises(LayoutError, match=r"\[\(2, 0\)\] are outside"):
+        adaptor.unshard({**shards, (2, 0): {}}, layout)
+    name = "decoder.layers.1.mlp.linear_fc1.weight"
+    shards[1, 1] = {n: t for n, t in shards[1, 1].items() if n != name}
+    with pytest.raises(LayoutError, match=rf"'{name}' is missing from the shard of \(tp_rank=1, pp_rank=1\)"):
+        adaptor.unshard(shards, layout)
+    with pytest.raises(LayoutError, match="expert parallelism"):
+        adaptor.unshard(shards, ParallelLayout(tp=2, ep=2))
+    with pytest.raises(LayoutError, match="divisible"):
+        adaptor.unshard(list(shards.values())[:3], layout)
 
 
 def test_param_specs_and_pipeline_stages() -> None:

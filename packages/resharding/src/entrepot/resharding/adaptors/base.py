@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import torch
 
 from entrepot.resharding.adaptors._rules import Rule, convert, fill
-from entrepot.resharding.adaptors.layouts import shard_dim
+from entrepot.resharding.adaptors.layouts import shard_dim, unshard_dim
 from entrepot.resharding.errors import LayoutError, ShapeMismatchError, UnknownWeightError
 from entrepot.resharding.layout import ParallelLayout, stage_of_layer
 
@@ -253,6 +253,57 @@ class WeightAdaptor:
             out[name] = tensor
         return out
 
+    def unshard(
+        self,
+        shards: Mapping[tuple[int, int], Mapping[str, torch.Tensor]] | Sequence[Mapping[str, torch.Tensor]],
+        layout: ParallelLayout,
+    ) -> dict[str, torch.Tensor]:
+        """The full training state from the shards of every rank: the inverse of ``shard``.
+
+        TP pieces are concatenated along ``tp_dim`` (each fused chunk on its own, so
+        ``linear_fc1`` comes back as ``[gate; up]``); replicated parameters are read from TP
+        rank 0, and returned as is, like every parameter of a TP = 1 layout (no copy).
+
+        Args:
+            shards: ``{(tp_rank, pp_rank): shard}`` with every TP x PP coordinate of a layout
+                without expert parallelism, or one shard per global rank in ``layout.coords``
+                order (any layout: dense weights are read from DP rank 0, experts from the EP
+                rank that owns them).
+            layout: the training layout the shards were cut for.
+
+        Raises:
+            LayoutError: a rank is missing or out of range, a parameter is absent from a rank
+                that holds a piece of it, or sits on another pipeline stage than its own.
+        """
+        dense, expert, labels = _rank_shards(shards, layout)
+        out: dict[str, torch.Tensor] = {}
+        for pp_rank in range(layout.pp):
+            stage = [s for (_, pp), s in dense.items() if pp == pp_rank]
+            stage += [s for (pp, _, _), s in expert.items() if pp == pp_rank]
+            for name in dict.fromkeys(n for shard in stage for n in shard):
+                owner = self.stage_of(name, layout)
+                if owner != pp_rank:
+                    raise LayoutError(
+                        f"{name!r} is in a shard of pp_rank={pp_rank} but stage {owner} holds it"
+                    )
+                spec = self.param_spec(name)
+                keys: list[tuple[int, ...]]
+                if spec.is_expert:
+                    ep_rank = self.owner_ep_rank(spec, layout)
+                    keys = [(pp_rank, ep_rank, etp_rank) for etp_rank in range(layout.etp)]
+                else:
+                    keys = [(tp_rank, pp_rank) for tp_rank in range(layout.tp)]
+                source = expert if spec.is_expert else dense
+                pieces = []
+                for key in keys[:1] if spec.tp_dim is None else keys:
+                    if name not in source[key]:
+                        raise LayoutError(f"{name!r} is missing from the shard of {labels[key]}")
+                    pieces.append(source[key][name])
+                out[name] = (
+                    pieces[0] if spec.tp_dim is None else unshard_dim(pieces, spec.tp_dim, spec.fused_chunks)
+                )
+        return out
+
     def owner_ep_rank(self, spec: ParamSpec, layout: ParallelLayout) -> int:
         """The EP rank holding expert ``spec.expert`` (contiguous blocks of ``E / ep`` experts)."""
         if spec.expert is None:
@@ -260,3 +311,42 @@ class WeightAdaptor:
         if self.dims.num_experts % layout.ep:
             raise LayoutError(f"{self.dims.num_experts} experts cannot split over ep={layout.ep}")
         return spec.expert // (self.dims.num_experts // layout.ep)
+
+
+_Shards = dict[tuple[int, ...], Mapping[str, torch.Tensor]]
+
+
+def _rank_shards(
+    shards: Mapping[tuple[int, int], Mapping[str, torch.Tensor]] | Sequence[Mapping[str, torch.Tensor]],
+    layout: ParallelLayout,
+) -> tuple[_Shards, _Shards, dict[tuple[int, ...], str]]:
+    """``({(tp_rank, pp_rank): shard}, {(pp_rank, ep_rank, etp_rank): shard}, {key: label})``."""
+    dense: _Shards = {}
+    expert: _Shards = {}
+    labels: dict[tuple[int, ...], str] = {}
+    if isinstance(shards, Mapping):
+        if layout.ep != 1 or layout.etp != layout.tp:
+            raise LayoutError(
+                f"shards keyed by (tp_rank, pp_rank) cannot describe expert parallelism of {layout}; "
+                "pass one shard per rank instead"
+            )
+        wanted = [(tp_rank, pp_rank) for pp_rank in range(layout.pp) for tp_rank in range(layout.tp)]
+        unknown = sorted(set(shards) - set(wanted))
+        if unknown:
+            raise LayoutError(f"shards for {unknown} are outside the (tp_rank, pp_rank) grid of {layout}")
+        for tp_rank, pp_rank in wanted:
+            label = f"(tp_rank={tp_rank}, pp_rank={pp_rank})"
+            if (tp_rank, pp_rank) not in shards:
+                raise LayoutError(f"no shard for {label} of {layout}; got {sorted(shards)}")
+            dense[tp_rank, pp_rank] = expert[pp_rank, 0, tp_rank] = shards[tp_rank, pp_rank]
+            labels[tp_rank, pp_rank] = labels[pp_rank, 0, tp_rank] = label
+        return dense, expert, labels
+    layout.validate_world(len(shards))
+    for rank, shard in enumerate(shards):
+        c = layout.coords(rank, len(shards))
+        label = f"rank {rank} (tp_rank={c.tp_rank}, pp_rank={c.pp_rank}, ep_rank={c.ep_rank})"
+        for key, by_key in (((c.tp_rank, c.pp_rank), dense), ((c.pp_rank, c.ep_rank, c.etp_rank), expert)):
+            if key not in by_key:
+                by_key[key] = shard
+                labels[key] = label
+    return dense, expert, labels

@@ -24,6 +24,7 @@ __all__ = [
     "shard_dim",
     "split_gate_up",
     "stack_experts",
+    "unshard_dim",
     "unstack_experts",
 ]
 
@@ -123,3 +124,27 @@ def shard_dim(
         return tensor
     chunks = tensor.chunk(fused_chunks, dim=dim)
     return torch.cat([chunk.chunk(num_shards, dim=dim)[index] for chunk in chunks], dim=dim)
+
+
+def unshard_dim(shards: Sequence[torch.Tensor], dim: int, fused_chunks: int = 1) -> torch.Tensor:
+    """The tensor ``shard_dim`` cut into ``shards`` (in shard order): its exact inverse.
+
+    With ``fused_chunks = c`` each shard is ``[block_0 slice; ...; block_{c-1} slice]``; the
+    blocks are reassembled one by one, ``[gate_0; gate_1; ...; up_0; up_1; ...]``.
+
+    Shape: num_shards x [..., N / num_shards, ...] -> [..., N, ...] along ``dim``.
+    """
+    if not shards:
+        raise ShapeMismatchError("unshard_dim got no shards")
+    shapes = {tuple(shard.shape) for shard in shards}
+    if len(shapes) != 1:
+        raise ShapeMismatchError(f"unshard_dim: shards of different shapes {sorted(shapes)}")
+    if shards[0].shape[dim] % fused_chunks:
+        raise ShapeMismatchError(
+            f"unshard_dim: size {shards[0].shape[dim]} of dim {dim} is not divisible by "
+            f"fused_chunks = {fused_chunks}"
+        )
+    if len(shards) == 1:
+        return shards[0]
+    pieces = [shard.chunk(fused_chunks, dim=dim) for shard in shards]  # [shard][chunk]
+    return torch.cat([piece[k] for k in range(fused_chunks) for piece in pieces], dim=dim)
