@@ -1,21 +1,33 @@
-"""megatron-core adapter against a real GPTModel on CPU (gloo; CUDA calls shimmed in test support)."""
+"""megatron-core adapter against real GPTModels on CPU: the library's CPU mode, gloo, 2 spawned ranks.
+
+The CPU mode patches torch process-wide, so every check that turns it on runs in spawned
+workers (``tests/support/megatron_workers.py``); the tests in this process only check the
+cases where it must patch nothing.
+"""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import importlib.metadata
+from collections.abc import Callable
 
 import pytest
+import torch
 import torch.multiprocessing as mp
 
-from entrepot.resharding import EngineError
+from entrepot.resharding import EngineError, MissingExtraError
+from entrepot.resharding.engines import megatron_cpu
 from entrepot.resharding.engines.megatron import global_train_name
 
 pytest.importorskip("megatron.core")
 pytest.importorskip("transformers")
 
-sys.path.insert(0, str(Path(__file__).parent / "support"))  # spawned children import it by name
-import megatron_cpu
+import megatron_workers  # on sys.path through conftest.py, for the forked ranks
+
+
+def _run_ranks(check: Callable[..., None], *args: object) -> None:
+    """``check(rank, port, *args)`` on 2 ranks forked from the package's forkserver (conftest.py)."""
+    port = _free_port()
+    mp.start_processes(check, args=(port, *args), nprocs=megatron_workers.WORLD, start_method="forkserver")
 
 
 def _free_port() -> int:
@@ -28,7 +40,100 @@ def _free_port() -> int:
 
 def test_gpt_model_shards_in_training_layout_on_dp2_tp2_pp2() -> None:
     """Real GPTModel on 2 gloo ranks; the checks (see ``check_layouts``) run in the workers."""
-    mp.spawn(megatron_cpu.check_layouts, args=(_free_port(),), nprocs=2, join=True)
+    _run_ranks(megatron_workers.check_layouts)
+
+
+@pytest.mark.parametrize("architecture", ["GPT2LMHeadModel", "Qwen3ForCausalLM"])
+def test_gpt_model_chunks_give_hf_logits_at_tp2(architecture: str) -> None:
+    """GPT-2 (tied, learned positions, LayerNorm, biases) and Qwen3 (q/k RMSNorm) at TP=2."""
+    _run_ranks(megatron_workers.check_tp2_logits, architecture)
+
+
+def test_tied_embeddings_at_pp2_are_listed_once() -> None:
+    """GPT-2 at PP=2: ``train_meta()`` equals the adaptor's shard meta (no ``output_layer.weight``)."""
+    _run_ranks(megatron_workers.check_tied_pipeline)
+
+
+def test_cpu_mode_clips_gradients_like_megatron() -> None:
+    """megatron's clipping asserts CUDA gradients; in the CPU mode the same scaling runs on CPU."""
+    _run_ranks(megatron_workers.check_gradient_clipping)
+
+
+def _patched_attributes() -> dict[str, object]:
+    """Everything the CPU mode may replace, by name (compared by identity)."""
+    import megatron.core.optimizer.clip_grads as clip_grads
+    import megatron.core.optimizer.optimizer as megatron_optimizer
+    import megatron.core.tensor_parallel.random as megatron_random
+
+    attributes: dict[str, object] = {
+        f"torch.cuda.{name}": getattr(torch.cuda, name)
+        for name in ("current_device", "synchronize", "manual_seed", "manual_seed_all", "get_rng_state",
+                     "set_rng_state")
+    }  # fmt: skip
+    attributes["torch.cuda.random.get_rng_state"] = torch.cuda.random.get_rng_state
+    attributes["torch.Tensor.cuda"] = torch.Tensor.cuda
+    attributes |= {f"torch.{name}": getattr(torch, name) for name in megatron_cpu._FACTORIES}
+    for name in ("_get_cuda_rng_state", "_set_cuda_rng_state"):
+        attributes[f"megatron_random.{name}"] = getattr(megatron_random, name)
+    for module in (clip_grads, megatron_optimizer):
+        attributes[f"{module.__name__}.clip_grad_by_total_norm_fp32"] = module.clip_grad_by_total_norm_fp32
+    return attributes
+
+
+@pytest.fixture
+def unpatched(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+    """This process without the CPU mode, guarded: a patch attempt fails the test instead of patching."""
+
+    def refuse() -> None:
+        raise AssertionError("the CPU mode tried to patch the test process")
+
+    monkeypatch.delattr(torch.cuda, megatron_cpu._ENABLED_FLAG, raising=False)
+    for name in dir(megatron_cpu):
+        if name.startswith("_patch_"):
+            monkeypatch.setattr(megatron_cpu, name, refuse)
+    return _patched_attributes()
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:1", torch.device("cuda", 0)])
+def test_cpu_mode_leaves_a_gpu_run_untouched(unpatched: dict[str, object], device: object) -> None:
+    assert megatron_cpu.enable_cpu_mode(device) is False  # type: ignore[arg-type]
+    after = _patched_attributes()
+    assert all(after[name] is value for name, value in unpatched.items())
+    assert not hasattr(torch.cuda, megatron_cpu._ENABLED_FLAG)
+
+
+def test_cpu_mode_refuses_another_megatron_release(
+    unpatched: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_version = importlib.metadata.version
+    for version in ("0.15.3", "0.17.0", "1.16.0"):
+        monkeypatch.setattr(
+            importlib.metadata,
+            "version",
+            lambda dist, v=version: v if dist == "megatron-core" else real_version(dist),
+        )
+        assert megatron_cpu.megatron_version() == version
+        with pytest.raises(EngineError, match=rf"supports megatron-core 0\.16\.x, found {version}"):
+            megatron_cpu.enable_cpu_mode("cpu")
+    assert all(_patched_attributes()[name] is value for name, value in unpatched.items())
+
+
+def test_cpu_mode_names_what_is_missing_or_in_the_way(
+    unpatched: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with monkeypatch.context() as patch:
+        patch.setattr(megatron_cpu, "megatron_version", lambda: "0.16.1")
+        patch.setattr(torch.cuda, "is_available", lambda: True)
+        with pytest.raises(EngineError, match="but CUDA is available"):
+            megatron_cpu.enable_cpu_mode("cpu")
+
+    def not_installed(dist: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(dist)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    with pytest.raises(MissingExtraError, match=r"entrepot-resharding\[megatron\]"):
+        megatron_cpu.enable_cpu_mode("cpu")
+    assert all(_patched_attributes()[name] is value for name, value in unpatched.items())
 
 
 def test_global_names_from_local_layers_experts_and_te_modules() -> None:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import multiprocessing
-import sys
 from pathlib import Path
 from typing import Any
 
+import _reshard_workers as workers  # on sys.path through conftest.py, for the forked ranks
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -15,15 +14,7 @@ import transformers
 from entrepot.resharding import LayoutError, ParallelLayout, Resharder, get_adaptor
 from entrepot.resharding._plan import build_plan
 
-sys.path.insert(0, str(Path(__file__).parent))  # spawned children import the worker module by name
-import _reshard_workers as workers
-
 WORLD = 4
-# A forkserver imports torch once; each scenario then forks its 4 ranks in ~0.1 s instead of
-# spawning 4 fresh interpreters (seconds each on a loaded 2-core machine).
-multiprocessing.set_forkserver_preload(
-    ["torch", "torch.distributed", "entrepot.resharding", "_reshard_workers"]
-)
 
 
 def _tiny(architecture: str, **overrides: Any) -> tuple[Any, dict[str, torch.Tensor]]:

@@ -1,0 +1,243 @@
+"""Worker side of the megatron-core tests: real ``GPTModel`` shards on 2 gloo CPU ranks.
+
+Imported by module name in the spawned children (``mp.spawn`` pickles the function by
+name). Each worker turns on the library's CPU mode (``enable_cpu_mode``, process-wide, which
+is why only spawned children call it), builds its model with ``gpt_model_chunks`` and checks
+it against HF.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from entrepot.resharding.engines.megatron_cpu import enable_cpu_mode
+from entrepot.resharding.engines.megatron_model import gpt_model_chunks, transformer_config
+
+WORLD = 2
+TOKENS = (2, 12)  # [B, S] of the token batch every logits check feeds
+ATOL = 1e-4  # max |megatron - HF| over this rank's logits (fp32)
+
+# Tiny configs: vocab divisible by TP=2, 2 layers (one per stage at PP=2).
+HF_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "Qwen2ForCausalLM": (
+        "Qwen2Config",
+        dict(
+            vocab_size=128,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+        ),
+    ),
+    "Qwen3ForCausalLM": (
+        "Qwen3Config",
+        dict(
+            vocab_size=128,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,  # != hidden / heads, as in the Qwen3 releases
+            max_position_embeddings=64,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+        ),
+    ),
+    "GPT2LMHeadModel": (
+        "GPT2Config",
+        dict(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=32, tie_word_embeddings=True),
+    ),
+}
+
+
+def init_parallel(rank: int, port: int, tp: int = 1, pp: int = 1, seed: int = 0) -> None:
+    """CPU mode, a gloo process group and megatron-core's parallel state (+ its RNG tracker)."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    assert enable_cpu_mode("cpu")
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    model_parallel_cuda_manual_seed(seed)
+
+
+def megatron_chunks(hf_config: Any, tp: int, pp: int) -> list[torch.nn.Module]:
+    """This rank's GPTModel chunks, built the library's way for the CPU mode."""
+    config = transformer_config(
+        hf_config, cpu=True, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp
+    )
+    return gpt_model_chunks(hf_config, config)
+
+
+def hf_model(architecture: str) -> Any:
+    """A tiny random HF model; 1-D parameters (biases, norm weights) get noise so that they count."""
+    import transformers
+
+    config_class, kwargs = HF_CONFIGS[architecture]
+    config = getattr(transformers, config_class)(**kwargs)
+    config.architectures = [architecture]
+    torch.manual_seed(0)
+    model = getattr(transformers, architecture)(config).float().eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 1:
+                param.add_(torch.randn_like(param), alpha=0.1)
+    return model
+
+
+def _tokens(vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    batch, seq = TOKENS
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, vocab_size, (batch, seq), generator=generator)  # [B, S]
+    return tokens, torch.arange(seq).expand(batch, seq)  # positions [B, S]
+
+
+def _load_hf_weights(hf: Any, engine: Any, layout: Any, rank: int) -> dict[str, torch.Tensor]:
+    """Copy HF's weights into this rank's shard by global training name; returns the shard."""
+    from entrepot.resharding.adaptors import get_adaptor
+    from entrepot.resharding.engines.torch import copy_weights_in_place
+
+    adaptor = get_adaptor(hf.config.architectures[0], hf.config)
+    hf_state = {name: p.detach() for name, p in hf.named_parameters()}
+    coords = layout.coords(rank, world_size=WORLD)
+    shard = adaptor.shard(adaptor.hf_to_train(hf_state), layout, coords.tp_rank, coords.pp_rank)
+    meta = engine.train_meta()
+    assert meta == {n: (tuple(t.shape), t.dtype) for n, t in shard.items()}, (
+        layout,
+        sorted(set(meta) ^ set(shard)),
+    )
+    copy_weights_in_place(engine.named_train_parameters(), shard)
+    return shard
+
+
+def check_tp2_logits(rank: int, port: int, architecture: str) -> None:
+    """TP=2: HF weights loaded through ``hf_to_train`` + ``shard`` give this rank's vocab columns of
+    HF's logits, within ``ATOL``."""
+    from entrepot.resharding import ParallelLayout
+    from entrepot.resharding.engines.megatron import MegatronTrainingEngine
+
+    init_parallel(rank, port, tp=2)
+    hf = hf_model(architecture)
+    (model,) = megatron_chunks(hf.config, tp=2, pp=1)
+    engine = MegatronTrainingEngine(model)
+    layout = ParallelLayout(tp=2)
+    assert engine.layout == layout, engine.layout
+    _load_hf_weights(hf, engine, layout, rank)
+    tokens, positions = _tokens(hf.config.vocab_size)
+    with torch.no_grad():
+        logits = model(tokens, positions, attention_mask=None)  # [B, S, V / 2]
+        columns = hf(input_ids=tokens).logits.chunk(2, dim=-1)[rank]  # [B, S, V / 2]
+    assert logits.shape == columns.shape, (logits.shape, columns.shape)
+    diff = float((logits - columns).abs().max())
+    assert diff <= ATOL, f"{architecture} rank {rank}: max |megatron - HF| = {diff:.2e} > {ATOL}"
+
+
+def check_tied_pipeline(rank: int, port: int) -> None:
+    """GPT-2 (tied embeddings) at PP=2: the engine's shard is the adaptor's (the last stage's
+    ``output_layer.weight``, a copy of the embeddings, is not listed), megatron re-syncs that copy
+    from the loaded embeddings, and resharding to TP=1 gives the HF model's inference layout."""
+    from entrepot.resharding import ParallelLayout, Resharder
+    from entrepot.resharding.adaptors import get_adaptor
+    from entrepot.resharding.engines.megatron import MegatronTrainingEngine
+
+    init_parallel(rank, port, pp=2)
+    hf = hf_model("GPT2LMHeadModel")
+    (model,) = megatron_chunks(hf.config, tp=1, pp=2)
+    engine = MegatronTrainingEngine(model)
+    layout = ParallelLayout(pp=2)
+    assert engine.layout == layout, engine.layout
+    names = dict(model.named_parameters())
+    assert ("output_layer.weight" in names) == (rank == 1)  # the last stage holds the tied copy
+    assert "output_layer.weight" not in engine.named_train_parameters()
+    _load_hf_weights(hf, engine, layout, rank)  # asserts train_meta() == the adaptor's shard meta
+    model.setup_embeddings_and_output_layer()  # the last stage's copy follows the loaded embeddings
+    if rank == 1:
+        assert torch.equal(names["output_layer.weight"], hf.transformer.wte.weight)
+    adaptor = get_adaptor("GPT2LMHeadModel", hf.config)
+    infer = Resharder(adaptor, layout, ParallelLayout(tp=1)).reshard(engine.named_train_parameters())
+    reference = adaptor.hf_to_infer({name: p.detach() for name, p in hf.named_parameters()})
+    assert sorted(infer) == sorted(reference)
+    assert all(torch.equal(infer[n], reference[n]) for n in reference)
+
+
+def check_gradient_clipping(rank: int, port: int) -> None:
+    """The optimizer's ``clip_grad_by_total_norm_fp32`` scales CPU gradients by
+    ``max_norm / (total_norm + 1e-6)`` when that is below 1, and leaves them alone otherwise."""
+    import megatron.core.optimizer.optimizer as megatron_optimizer
+
+    init_parallel(rank, port)
+    params = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2, 2))]
+    for param in params:
+        param.grad = torch.full_like(param, 2.0)
+    megatron_optimizer.clip_grad_by_total_norm_fp32(params, max_norm=1.0, total_norm=4.0)
+    assert all(torch.allclose(p.grad, torch.full_like(p, 2.0 / (4.0 + 1e-6))) for p in params)
+    megatron_optimizer.clip_grad_by_total_norm_fp32(params, max_norm=8.0, total_norm=4.0)
+    assert all(torch.allclose(p.grad, torch.full_like(p, 2.0 / (4.0 + 1e-6))) for p in params)
+
+
+def check_layouts(rank: int, port: int) -> None:
+    """On 2 gloo ranks, for DP=2 (TP=1), TP=2 and PP=2 (Qwen2, untied): this rank's GPTModel shard
+    has the global training names and shapes the adaptor cuts; loading HF weights by those names
+    gives HF's logits (or this rank's vocab columns of them); resharding to TP=1 gives the
+    inference layout of the HF model; an offload/onload cycle of params, grads and optimizer
+    state restores every value."""
+    import torch.distributed as dist
+
+    from entrepot.resharding import Offloader, ParallelLayout, Resharder
+    from entrepot.resharding.adaptors import get_adaptor
+    from entrepot.resharding.engines.megatron import MegatronTrainingEngine
+
+    hf = hf_model("Qwen2ForCausalLM")
+    adaptor = get_adaptor("Qwen2ForCausalLM", hf.config)
+    reference = adaptor.hf_to_infer({name: p.detach() for name, p in hf.named_parameters()})
+    for tp, pp in ((1, 1), (2, 1), (1, 2)):
+        init_parallel(rank, port, tp=tp, pp=pp)
+        layout = ParallelLayout(tp=tp, pp=pp)
+        (model,) = megatron_chunks(hf.config, tp=tp, pp=pp)
+        engine = MegatronTrainingEngine(model)
+        assert engine.layout == layout, engine.layout
+        _load_hf_weights(hf, engine, layout, rank)
+        tokens, positions = _tokens(hf.config.vocab_size)
+        if pp == 1:  # vocab-parallel logits of this rank equal HF's columns
+            with torch.no_grad():
+                logits = model(tokens, positions, attention_mask=None)
+                columns = hf(input_ids=tokens).logits.chunk(tp, dim=-1)[layout.coords(rank, WORLD).tp_rank]
+            torch.testing.assert_close(logits, columns, rtol=ATOL, atol=ATOL)
+        infer = Resharder(adaptor, layout, ParallelLayout(tp=1)).reshard(engine.named_train_parameters())
+        assert sorted(infer) == sorted(reference), layout
+        assert all(torch.equal(infer[n], reference[n]) for n in reference), layout
+        if pp == 1:  # a training step (the model's weights change) and an offload cycle
+            _check_offload_cycle(model, engine, tokens, positions, Offloader)
+        dist.barrier()
+
+
+def _check_offload_cycle(model: Any, engine: Any, tokens: Any, positions: Any, offloader_cls: Any) -> None:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(tokens, positions, attention_mask=None).logsumexp(-1).mean().backward()
+    optimizer.step()
+    before = {n: t.clone() for n, t in engine.named_train_parameters().items()}
+    offloader = offloader_cls(model, optimizer)
+    offloader.offload_optimizer()
+    offloader.offload_grads(keep=False)
+    offloader.offload_params()
+    assert all(p.untyped_storage().nbytes() == 0 for p in model.parameters())
+    offloader.onload_params()
+    offloader.onload_optimizer()
+    offloader.onload_grads()
+    after = engine.named_train_parameters()
+    assert all(torch.equal(before[n], after[n]) for n in before)
