@@ -21,7 +21,14 @@ from entrepot.grpo.config import AlgorithmConfig, BatchingConfig
 from entrepot.grpo.losses import loss_normalizer, policy_loss, token_weights
 from entrepot.grpo.sequences import ResponseBatch, response_logprobs, segment_index
 
-__all__ = ["DataParallel", "UpdateInputs", "compute_logprobs", "micro_batches", "ppo_update"]
+__all__ = [
+    "DataParallel",
+    "UpdateInputs",
+    "compute_logprobs",
+    "micro_batch_loss",
+    "micro_batches",
+    "ppo_update",
+]
 
 
 @dataclass(frozen=True)
@@ -161,8 +168,6 @@ def _mini_batch_step(
     keys = ["pg_loss", "clip_frac", "ratio_mean", "entropy"] + (["kl"] if inputs.ref_logp is not None else [])
     sums = dict.fromkeys(keys, 0.0)
     ratio_max = 1.0
-    kl_coef = 0.0 if algo.kl_in_reward else algo.kl_coef
-    device = next(model.parameters()).device
     plan = micro_batches(mini.lengths, batching, "update", dp)
     for micro in plan:
         if micro.numel() == 0:
@@ -173,15 +178,7 @@ def _mini_batch_step(
             model, sub, packed=batching.remove_padding, with_entropy=True,
             entropy_grad=algo.entropy_coef > 0, pad_token_id=pad_token_id,
         )  # fmt: skip
-        old = logp.detach() if inputs.old_logp is None else _values(inputs, inputs.old_logp, picked, device)
-        ref = None if inputs.ref_logp is None else _values(inputs, inputs.ref_logp, picked, device)
-        out = policy_loss(
-            logp, old, sub.per_token(inputs.advantages[picked].to(device)),
-            token_weights(sub.response_lengths, algo.loss_agg, normalizer).to(device),
-            num_tokens=num_tokens, clip_low=algo.clip_low, clip_high=algo.clip_high,
-            ref_logp=ref, kl_coef=kl_coef, kl_kind=algo.kl_kind,
-            entropy=entropy, entropy_coef=algo.entropy_coef,
-        )  # fmt: skip
+        out = micro_batch_loss(inputs, picked, sub, logp, entropy, algo, normalizer, num_tokens)
         out.loss.backward()
         ratio_max = max(ratio_max, out.metrics.pop("ratio_max"))
         for key in keys:
@@ -196,6 +193,32 @@ def _mini_batch_step(
     sums["micro_batches"] = float(len(plan))  # equal on every DP rank
     optimizer.step()
     return sums
+
+
+def micro_batch_loss(
+    inputs: UpdateInputs,
+    picked: torch.Tensor,
+    sub: ResponseBatch,
+    logp: torch.Tensor,
+    entropy: torch.Tensor | None,
+    algo: AlgorithmConfig,
+    normalizer: float,
+    num_tokens: float,
+) -> Any:
+    """`policy_loss` of the rows `picked` of `inputs` (`sub` = those rows), given their current log-probs.
+
+    Shared by both training engines: `normalizer` and `num_tokens` are the global mini-batch's.
+    """
+    device = logp.device
+    old = logp.detach() if inputs.old_logp is None else _values(inputs, inputs.old_logp, picked, device)
+    ref = None if inputs.ref_logp is None else _values(inputs, inputs.ref_logp, picked, device)
+    return policy_loss(
+        logp, old, sub.per_token(inputs.advantages[picked].to(device)),
+        token_weights(sub.response_lengths, algo.loss_agg, normalizer).to(device),
+        num_tokens=num_tokens, clip_low=algo.clip_low, clip_high=algo.clip_high,
+        ref_logp=ref, kl_coef=0.0 if algo.kl_in_reward else algo.kl_coef, kl_kind=algo.kl_kind,
+        entropy=entropy, entropy_coef=algo.entropy_coef,
+    )  # fmt: skip
 
 
 def _values(

@@ -26,10 +26,10 @@ import torch.distributed as dist
 
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.errors import GRPOConfigError
-from entrepot.grpo.losses import loss_normalizer, policy_loss, token_weights
+from entrepot.grpo.losses import loss_normalizer
 from entrepot.grpo.megatron.vocab_parallel import vocab_parallel_logprobs
 from entrepot.grpo.sequences import ResponseBatch, segment_index
-from entrepot.grpo.update import DataParallel, UpdateInputs, micro_batches
+from entrepot.grpo.update import DataParallel, UpdateInputs, micro_batch_loss, micro_batches
 
 __all__ = ["MegatronTrainer", "init_model_parallel"]
 
@@ -230,7 +230,6 @@ class MegatronTrainer:
         )
         self.dp.sum_(counts)
         normalizer, num_tokens = float(counts[0]), float(counts[1])
-        kl_coef = 0.0 if algo.kl_in_reward else algo.kl_coef
         plan = [m for m in micro_batches(mini.lengths, batching, "update", self.dp) if m.numel()]
 
         def loss(micro: _Micro, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
@@ -238,19 +237,7 @@ class MegatronTrainer:
             logp, entropy = vocab_parallel_logprobs(
                 micro.scored(logits), micro.labels, with_entropy=True, entropy_grad=algo.entropy_coef > 0
             )
-            device = logp.device
-            old = (
-                logp.detach() if inputs.old_logp is None else _values(inputs, inputs.old_logp, picked, device)
-            )
-            ref = None if inputs.ref_logp is None else _values(inputs, inputs.ref_logp, picked, device)
-            sub = micro.batch
-            out = policy_loss(
-                logp, old, sub.per_token(inputs.advantages[picked].to(device)),
-                token_weights(sub.response_lengths, algo.loss_agg, normalizer).to(device),
-                num_tokens=num_tokens, clip_low=algo.clip_low, clip_high=algo.clip_high,
-                ref_logp=ref, kl_coef=kl_coef, kl_kind=algo.kl_kind,
-                entropy=entropy, entropy_coef=algo.entropy_coef,
-            )  # fmt: skip
+            out = micro_batch_loss(inputs, picked, micro.batch, logp, entropy, algo, normalizer, num_tokens)
             return out.loss, torch.tensor(1), dict(out.metrics)
 
         for chunk in self.chunks:
@@ -354,12 +341,6 @@ class _Micro:
     def scored(self, logits: torch.Tensor) -> torch.Tensor:
         """[b, L, V / TP] -> [R, V / TP] at the positions that predict response tokens."""
         return logits[self.row.to(logits.device), self.column.to(logits.device)]
-
-
-def _values(
-    inputs: UpdateInputs, values: torch.Tensor, rows: torch.Tensor, device: torch.device
-) -> torch.Tensor:
-    return inputs.batch.select_response_values(values, rows).to(device)
 
 
 def _finalize_summing(finalize: Any, model: list[torch.nn.Module], *args: Any, **kwargs: Any) -> None:
