@@ -85,18 +85,6 @@ def test_plain_baseline_matches_the_full_system_first_step(tmp_path: Path) -> No
         torch.testing.assert_close(params[name].detach(), full_params[name])
 
 
-@pytest.fixture(scope="module")
-def ray_session():  # type: ignore[no-untyped-def]
-    ray = pytest.importorskip("ray")
-    from entrepot.grpo.config import ThreadsConfig
-    from entrepot.grpo.threads import worker_env
-
-    env = {**worker_env(ThreadsConfig()), "PYTHONPATH": str(Path(__file__).parent)}  # the test verifiers
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
-    yield ray
-    ray.shutdown()
-
-
 RAY = ["logging.tensorboard=false", "eval.every=0", "rollout.prompts_per_step=4", "checkpoint.keep_last=0"]
 
 

@@ -43,18 +43,6 @@ def test_megatron_matches_the_hf_module(tp: int, pp: int, tmp_path: Path) -> Non
     assert max(r["grad_norm_diff"] for r in results) <= 1e-5, results
 
 
-@pytest.fixture(scope="module")
-def ray_session():  # type: ignore[no-untyped-def]
-    ray = pytest.importorskip("ray")
-    from entrepot.grpo.config import ThreadsConfig
-    from entrepot.grpo.threads import worker_env
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": worker_env(ThreadsConfig())})  # fmt: skip
-    yield ray
-    ray.shutdown()
-
-
 TP2 = ["engine.train=megatron", "parallel.train.tensor=2", "logging.tensorboard=false", "eval.every=0",
        "eval.num_prompts=32", "checkpoint.keep_last=0"]  # fmt: skip
 

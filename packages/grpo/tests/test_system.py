@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -13,18 +12,6 @@ from entrepot.grpo import load_config, train
 from entrepot.grpo.metrics import read_metrics
 
 SMALL = ["eval.num_prompts=64", "logging.tensorboard=false", "checkpoint.keep_last=0"]
-
-
-@pytest.fixture(scope="module")
-def ray_session():  # type: ignore[no-untyped-def]
-    ray = pytest.importorskip("ray")
-    from entrepot.grpo.config import ThreadsConfig
-    from entrepot.grpo.threads import worker_env
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": worker_env(ThreadsConfig())})  # fmt: skip
-    yield ray
-    ray.shutdown()
 
 
 def test_reward_rises_through_ray(ray_session, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
