@@ -35,7 +35,7 @@ class Policy:
         manager: entrepot.resharding's ShardingManager joining the trainer and `engine` (infer /
             forward / train modes, resharding and offload).
         sampling: the rollout's sampling parameters.
-        generator: the rollout's sampling stream (seeded per rollout rank).
+        generator: the rollout's sampling stream (the same on every rank).
         hf_config: the policy's HF config (an HF export writes it).
     """
 
@@ -59,12 +59,12 @@ def total_optimizer_steps(config: GRPOConfig) -> int:
     return config.max_steps * config.algorithm.epochs * max(1, config.rollout.batch_size // mini)
 
 
-def sampling_generator(seed: int, rollout_rank: int) -> torch.Generator:
-    """The rollout sampling stream of rollout rank `rollout_rank` (distinct per rank, fixed by the seed)."""
-    return torch.Generator().manual_seed(seed + 7919 * (rollout_rank + 1))
+def sampling_generator(seed: int) -> torch.Generator:
+    """The rollout sampling stream (fixed by the seed; the same on every rank)."""
+    return torch.Generator().manual_seed(seed + 7919)
 
 
-def build_policy(config: GRPOConfig, rollout_rank: int = 0) -> Policy:
+def build_policy(config: GRPOConfig) -> Policy:
     """Build (or load from `model.path`) the policy; every rank builds identical initial weights.
 
     With engine.train=megatron, megatron-core's parallel state must be initialised already
@@ -84,7 +84,7 @@ def build_policy(config: GRPOConfig, rollout_rank: int = 0) -> Policy:
         max_new_tokens=setup.max_new_tokens,
         stop_token_ids=(tok.eos_token_id,) if config.rollout.stop_on_eos else (),
     )  # fmt: skip
-    generator = sampling_generator(config.seed, rollout_rank)
+    generator = sampling_generator(config.seed)
     if config.engine.train == "megatron":
         trainer, engine, manager = _megatron_policy(config, model)
     else:

@@ -46,6 +46,16 @@ def _train_bytes(params: Iterable[torch.Tensor]) -> int:
     return sum(p.untyped_storage().nbytes() for p in params)
 
 
+def _batch_generator(base: int, rows: torch.Tensor) -> torch.Generator:
+    """The sampling stream of one rollout batch when several ranks generate.
+
+    Ranks take batches from the dock in whatever order they ask, so a per-rank stream would make
+    the samples depend on that race (and a resumed run differ); seeding by the batch's first row
+    and a base drawn alike on every rank makes them depend on the rows only.
+    """
+    return torch.Generator().manual_seed(base + int(rows[0]))
+
+
 def _reshard_metrics(stats: Any) -> dict[str, float]:
     """`reshard/*` figures of the last train -> infer resharding (none for a local conversion)."""
     if stats is None:
@@ -89,8 +99,9 @@ class ActorWorker:
                 "gloo", init_method=dist_init, rank=self.rank.rank, world_size=self.rank.world_size
             )
         self.reader = DockReader(self.rank, config.resources.stage_timeout_s, group)
-        # the rollout engine holds the whole model on every rank (inference TP 1): each rank samples
-        self.policy: Policy = build_policy(config, rollout_rank=self.rank.rank)
+        # the rollout engine holds the whole model on every rank (inference TP 1): each rank samples,
+        # from one sampling stream that every rank advances alike (see `_batch_generator`)
+        self.policy: Policy = build_policy(config)
         self.trainer = self.policy.trainer
         if self.rank.world_size > 1 and config.engine.train == "torch":
             self.trainer.dp = DataParallel()
@@ -116,10 +127,14 @@ class ActorWorker:
         t1 = time.perf_counter()
         train_bytes = _train_bytes(policy.trainer.named_parameters().values())  # held while generating
         tokens = 0
+        base = (
+            int(torch.randint(2**62, (1,), generator=policy.generator)) if self.rank.world_size > 1 else None
+        )
         for batch in self.reader.batches(dock, "actor_rollout", ["prompts"], count, min_count=n, alone=True):
             prompts = torch.split(batch.data["prompts"], batch.lengths["prompts"].tolist())
+            generator = policy.generator if base is None else _batch_generator(base, batch.indexes)
             responses = policy.engine.generate(
-                prompts, policy.sampling, pad_token_id=self._pad, generator=policy.generator
+                prompts, policy.sampling, pad_token_id=self._pad, generator=generator
             )
             lengths = torch.tensor([len(r) for r in responses], dtype=torch.int64)
             flat = torch.tensor([t for r in responses for t in r], dtype=torch.int64)
