@@ -70,7 +70,7 @@ def test_file_errors(tmp_path: Path) -> None:
     ("overrides", "key"),
     [
         (["parallel.train.tensor=2"], "parallel.train"),  # torch engine: data parallel only
-        (["engine.train=megatron", "parallel.train.tensor=3"], "parallel.train.tensor"),  # 4 heads
+        (["engine.train=megatron", "parallel.train.tensor=3"], "parallel.train.tensor"),  # 2 heads
         (["engine.train=megatron", "parallel.train.pipeline=4"], "parallel.train.pipeline"),  # 2 layers
         (
             ["engine.train=megatron", "parallel.train.pipeline=2", "parallel.train.virtual_pipeline=2"],

@@ -42,6 +42,7 @@ KLKind = Literal["k1", "abs", "mse", "low_var_kl", "k3", "clamped"]
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 TrainEngine = Literal["torch", "megatron"]
 RolloutEngine = Literal["torch"]  # vllm likewise
+Architecture = Literal["gpt2", "qwen2"]
 
 
 def _doc(text: str) -> dict[str, str]:
@@ -60,25 +61,43 @@ def _check_choice(key: str, value: Any, choices: Sequence[Any]) -> None:
 
 @dataclass(kw_only=True)
 class ModelConfig:
-    """The policy model: a local HF model directory, or a GPT-2-style decoder built from this config."""
+    """The policy model: a local HF model directory, or a decoder built from this config (random init)."""
 
     path: str | None = field(
         default=None,
         metadata=_doc(
-            "Local HF model directory (config, weights, tokenizer). None builds the GPT-2 decoder below."
+            "Local HF model directory (config, weights, tokenizer). None builds the decoder below."
+        ),
+    )
+    architecture: Architecture = field(
+        default="gpt2",
+        metadata=_doc(
+            "Built decoder: gpt2 (learned positions, LayerNorm, GELU; the default) or qwen2 (rotary, "
+            "RMSNorm, SwiGLU, grouped-query attention, tied embeddings)."
         ),
     )
     num_layers: int = field(default=2, metadata=_doc("Transformer blocks of the built decoder."))
     hidden_size: int = field(default=64, metadata=_doc("Hidden width of the built decoder."))
     num_heads: int = field(
-        default=4, metadata=_doc("Attention heads of the built decoder (must divide hidden_size).")
+        default=2,
+        metadata=_doc(
+            "Attention heads of the built decoder (must divide hidden_size). The default's head_dim "
+            "32 is the smallest vLLM's CPU attention serves."
+        ),
+    )
+    num_kv_heads: int | None = field(
+        default=None, metadata=_doc("Key/value heads of a built qwen2 (None = num_heads; gpt2: None).")
+    )
+    intermediate_size: int | None = field(
+        default=None, metadata=_doc("MLP width of the built decoder (None = 4 x hidden_size).")
     )
     max_positions: int = field(
-        default=32, metadata=_doc("Learned absolute positions of the built decoder (prompt + response).")
+        default=32, metadata=_doc("Positions of the built decoder (prompt + response tokens).")
     )
     init_std: float = field(default=0.02, metadata=_doc("Std of the normal init of the built decoder."))
 
     def __post_init__(self) -> None:
+        _check_choice("model.architecture", self.architecture, typing.get_args(Architecture))
         for name in ("num_layers", "hidden_size", "num_heads", "max_positions"):
             _check(getattr(self, name) >= 1, f"model.{name}", getattr(self, name), ">= 1")
         _check(
@@ -87,7 +106,23 @@ class ModelConfig:
             self.hidden_size,
             f"divisible by model.num_heads ({self.num_heads})",
         )
+        if self.num_kv_heads is not None:
+            _check(self.architecture == "qwen2", "model.num_kv_heads", self.num_kv_heads,
+                   "null with model.architecture='gpt2' (GPT-2 has no grouped-query attention)")  # fmt: skip
+            _check(
+                self.num_kv_heads >= 1 and self.num_heads % self.num_kv_heads == 0,
+                "model.num_kv_heads",
+                self.num_kv_heads,
+                f"a divisor of model.num_heads ({self.num_heads})",
+            )
+        if self.intermediate_size is not None:
+            _check(self.intermediate_size >= 1, "model.intermediate_size", self.intermediate_size, ">= 1")
         _check(self.init_std > 0, "model.init_std", self.init_std, "> 0")
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads of the built decoder."""
+        return self.num_kv_heads or self.num_heads
 
 
 @dataclass(kw_only=True)
@@ -692,11 +727,12 @@ class GRPOConfig:
             f"true: the actor group has {world} ranks (DP x TP x PP) and only Ray workers run several",
         )
         if self.model.path is None:  # the built decoder's shape is known here (a local model's at build)
+            heads, kv_heads = self.model.num_heads, self.model.kv_heads
             _check(
-                self.model.num_heads % train.tensor == 0,
+                heads % train.tensor == 0 and kv_heads % train.tensor == 0,
                 "parallel.train.tensor",
                 train.tensor,
-                f"a divisor of model.num_heads ({self.model.num_heads})",
+                f"a divisor of model.num_heads ({heads}) and of its key/value heads ({kv_heads})",
             )
             stages = train.pipeline * (train.virtual_pipeline or 1)
             _check(

@@ -2,8 +2,9 @@
 
 The embedded default is a GPT-2-style decoder (learned absolute positions, LayerNorm, GELU MLP) of
 about 100k parameters built from `ModelConfig`; a tiny rotary-only Qwen2 config did not learn the
-reverse task in the prototype, learned positions did. Dropout is zero so that the PPO ratio of an
-unchanged policy is exactly 1.
+reverse task in the prototype, learned positions did. `model.architecture=qwen2` builds a Qwen2
+(the GPU example's 0.5B-class shape, or tiny ones in tests). Dropout is zero so that the PPO ratio
+of an unchanged policy is exactly 1.
 
 Its per-token log-probs (packed or padded) are computed in `entrepot.grpo.sequences`.
 """
@@ -20,21 +21,39 @@ from entrepot.grpo.errors import DataError
 if TYPE_CHECKING:
     from entrepot.grpo.config import ModelConfig
 
-__all__ = ["build_model", "load_pretrained"]
+__all__ = ["build_hf_config", "build_model", "load_pretrained"]
 
 
-def build_model(
-    config: ModelConfig, vocab_size: int, *, pad_token_id: int, eos_token_id: int
-) -> torch.nn.Module:
-    """A randomly initialised GPT2LMHeadModel from `config` (tied input/output embeddings)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+def build_hf_config(config: ModelConfig, vocab_size: int, *, pad_token_id: int, eos_token_id: int) -> Any:
+    """The HF config of the decoder `config` describes (tied input/output embeddings, no dropout)."""
+    if config.architecture == "qwen2":
+        from transformers import Qwen2Config
 
-    hf_config = GPT2Config(
+        return Qwen2Config(
+            vocab_size=vocab_size,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size or 4 * config.hidden_size,
+            num_hidden_layers=config.num_layers,
+            num_attention_heads=config.num_heads,
+            num_key_value_heads=config.kv_heads,
+            max_position_embeddings=config.max_positions,
+            initializer_range=config.init_std,
+            attention_dropout=0.0,
+            bos_token_id=eos_token_id,
+            eos_token_id=eos_token_id,
+            # no pad_token_id: Qwen2 would make it the embedding's padding_idx (a row that never
+            # learns), which megatron's embedding and GPT-2 do not have; generation is told the pad id
+            tie_word_embeddings=True,
+        )
+    from transformers import GPT2Config
+
+    return GPT2Config(
         vocab_size=vocab_size,
         n_positions=config.max_positions,
         n_embd=config.hidden_size,
         n_layer=config.num_layers,
         n_head=config.num_heads,
+        n_inner=config.intermediate_size,
         resid_pdrop=0.0,
         embd_pdrop=0.0,
         attn_pdrop=0.0,
@@ -44,9 +63,17 @@ def build_model(
         pad_token_id=pad_token_id,
         tie_word_embeddings=True,
     )
-    model = GPT2LMHeadModel(hf_config)
-    model.config._attn_implementation = "eager"  # sdpa gains nothing at this size; eager is deterministic
-    return model
+
+
+def build_model(
+    config: ModelConfig, vocab_size: int, *, pad_token_id: int, eos_token_id: int
+) -> torch.nn.Module:
+    """A randomly initialised causal LM (GPT-2 or Qwen2) from `config`."""
+    from transformers import AutoModelForCausalLM
+
+    hf_config = build_hf_config(config, vocab_size, pad_token_id=pad_token_id, eos_token_id=eos_token_id)
+    # sdpa gains nothing at the default size; eager is deterministic
+    return AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager")
 
 
 def load_pretrained(path: str | Path) -> tuple[torch.nn.Module, Any]:
