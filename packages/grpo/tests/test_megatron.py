@@ -29,18 +29,36 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2), (2, 2)], ids=["tp2", "pp2", "tp2xpp2"])
-def test_megatron_matches_the_hf_module(tp: int, pp: int, tmp_path: Path) -> None:
+QWEN2 = ("model.architecture=qwen2", "model.num_heads=4", "model.num_kv_heads=2",
+         "model.intermediate_size=96")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("tp", "pp", "model", "param_tol"),
+    [(2, 1, (), 1e-5), (1, 2, (), 1e-5), (2, 2, (), 1e-5), (2, 2, QWEN2, 1e-4)],
+    ids=["tp2", "pp2", "tp2xpp2", "qwen2-tp2xpp2"],
+)
+def test_megatron_matches_the_hf_module(
+    tp: int, pp: int, model: tuple[str, ...], param_tol: float, tmp_path: Path
+) -> None:
+    """Same log-probs, gradient norm and updated parameters as the HF module.
+
+    Qwen2's parameter tolerance is looser: Adam's first step moves each element by about
+    lr x g / |g|, so an element whose gradient is ~1e-10 (found in its o_proj) turns fp32
+    summation-order noise into differences of a few 1e-5 (lr 1e-3); its gradient norm still
+    agrees to 1e-5.
+    """
     import tests_support_megatron as support
 
     world = tp * pp
-    mp.spawn(support.compare_with_hf, args=(world, tp, pp, _free_port(), str(tmp_path)), nprocs=world)
+    args = (world, tp, pp, _free_port(), str(tmp_path), model)
+    mp.spawn(support.compare_with_hf, args=args, nprocs=world)
     results = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(world)]
     logp = [r["logp_diff"] for r in results if "logp_diff" in r]
     assert len(logp) == tp  # the last stage's TP ranks computed log-probs
     assert max(logp) <= 1e-4, logp
-    assert max(r["param_diff"] for r in results) <= 1e-5, results
     assert max(r["grad_norm_diff"] for r in results) <= 1e-5, results
+    assert max(r["param_diff"] for r in results) <= param_tol, results
 
 
 TP2 = ["engine.train=megatron", "parallel.train.tensor=2", "logging.tensorboard=false", "eval.every=0",

@@ -32,12 +32,17 @@ def _rows(seed: int = 3, num_rows: int = 8) -> ResponseBatch:
     return ResponseBatch.from_packed(prompts, prompt_lengths, responses, response_lengths)
 
 
-def compare_with_hf(rank: int, world: int, tp: int, pp: int, port: int, out: str) -> None:
-    """Write {logp_diff, param_diff} of this rank (param_diff after one update) to `out`/rank.json."""
+def compare_with_hf(
+    rank: int, world: int, tp: int, pp: int, port: int, out: str, model: tuple[str, ...] = ()
+) -> None:
+    """Write {logp_diff, param_diff} of this rank (param_diff after one update) to `out`/rank.json.
+
+    `model`: overrides of the model section (the default GPT-2 when empty).
+    """
     torch.set_num_threads(1)
     overrides = ["engine.train=megatron", f"parallel.train.tensor={tp}", f"parallel.train.pipeline={pp}",
                  "algorithm.kl_coef=0.0", "batching.max_tokens_per_micro_batch=40", "algorithm.grad_clip=0.5",
-                 ]  # fmt: skip
+                 *model]  # fmt: skip
     config = load_config(None, overrides)
     init_model_parallel(config, rank, world, f"tcp://127.0.0.1:{port}")
     torch.manual_seed(0)
