@@ -32,6 +32,7 @@ class RayWorkerGroup(Generic[W]):
         args: the constructor arguments of one rank's worker.
         num_cpus: Ray CPUs per rank (fractional shares co-locate on a small machine).
         env: environment variables every worker process gets before it imports anything.
+        num_gpus: Ray GPUs per rank (Ray then sets CUDA_VISIBLE_DEVICES to the rank's GPU).
     """
 
     def __init__(
@@ -43,6 +44,7 @@ class RayWorkerGroup(Generic[W]):
         *,
         num_cpus: float,
         env: Mapping[str, str],
+        num_gpus: float = 0,
     ) -> None:
         import ray
         from ray.util.placement_group import placement_group
@@ -50,19 +52,21 @@ class RayWorkerGroup(Generic[W]):
 
         self.name = name
         self.ranks = list(ranks)
-        self._group = placement_group([{"CPU": num_cpus}] * len(self.ranks), strategy="PACK")
+        bundle = {"CPU": num_cpus, **({"GPU": num_gpus} if num_gpus else {})}
+        self._group = placement_group([bundle] * len(self.ranks), strategy="PACK")
         try:
             ray.get(self._group.ready(), timeout=_PLACEMENT_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             raise GRPOError(
-                f"Ray could not place {len(self.ranks)} {name} workers of {num_cpus} CPU each within "
-                f"{_PLACEMENT_TIMEOUT_S:.0f} s; the cluster has {ray.available_resources().get('CPU', 0)} "
-                "CPUs free (lower resources.num_cpus_per_worker or the worker count)"
+                f"Ray could not place {len(self.ranks)} {name} workers of {bundle} each within "
+                f"{_PLACEMENT_TIMEOUT_S:.0f} s; the cluster has {ray.available_resources()} free "
+                "(lower resources.num_cpus_per_worker or the worker count)"
             ) from None
         remote = ray.remote(cls)
         self.actors = [
             remote.options(
                 num_cpus=num_cpus,
+                num_gpus=num_gpus,
                 runtime_env={"env_vars": dict(env)},
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self._group, placement_group_bundle_index=rank.rank
