@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 
 from entrepot.grpo import GRPOConfig, GRPOConfigError, dump_yaml, load_config
 from entrepot.grpo.config import config_to_dict
@@ -92,3 +94,15 @@ def test_impossible_layouts_are_refused_naming_the_key(overrides: list[str], key
 
     with pytest.raises(GRPOConfigError, match="^" + re.escape(key) + r" \("):
         load_config(None, overrides)
+
+
+def test_check_machine_refuses_a_device_this_machine_lacks() -> None:
+    from entrepot.grpo.preflight import check_machine
+
+    check_machine(load_config(None, ["engine.train=megatron", "parallel.train.tensor=2"]))  # runs here
+    if not torch.cuda.is_available():
+        with pytest.raises(GRPOConfigError, match=r"engine\.device \('cuda'\) needs a CUDA GPU"):
+            check_machine(load_config(None, ["engine.device=cuda"]))
+    if importlib.util.find_spec("torch_npu") is None:
+        with pytest.raises(GRPOConfigError, match=r"engine\.device \('npu'\) needs torch_npu"):
+            check_machine(load_config(None, ["engine.device=npu"]))
