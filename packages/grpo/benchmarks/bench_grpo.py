@@ -1,10 +1,12 @@
-"""Time-to-accuracy of the embedded default: the full system vs a plain single-process loop.
+"""Time-to-accuracy of the embedded default: the full system vs a plain loop, torch vs megatron-core.
 
-Both runs train the same config (reverse 8 digits, ~100k-param GPT-2, 32 prompts x 8 samples,
+All runs train the same config (reverse 8 digits, ~100k-param GPT-2, 32 prompts x 8 samples,
 KL 0.04 to the reference) with the same policy and update code. The plain loop (plain_loop.py, in
 this folder) keeps everything in one process; the full system adds the dock, the Ray worker
 groups (actor, reward) and their calls. The ratio of their time per step is the overhead of that
-machinery.
+machinery. The third run trains with megatron-core at TP2 (two gloo ranks), resharded every step
+into the TP1 rollout engine with checksums on: its time per step against the torch engine's, and
+the reshard seconds / bytes / GB/s per step (`--no-megatron` skips it).
 
     python packages/grpo/benchmarks/bench_grpo.py [--max-steps 300] [--target 0.9] [--out DIR]
 """
@@ -37,6 +39,9 @@ STAGES = (
     "time/update",
     "time/reshard_to_train",
     "time/step",
+    "reshard/seconds",
+    "reshard/bytes",
+    "reshard/gbps",
 )
 
 
@@ -84,6 +89,19 @@ def run_full(config: Any, run_dir: Path) -> tuple[list[dict[str, Any]], float]:
     return history, time.perf_counter() - start
 
 
+def _memcpy_gbps(nbytes: int, repeats: int = 20) -> float:
+    """This machine's copy bound for `nbytes` (median of `repeats` fresh-destination copies), GB/s."""
+    import torch
+
+    source = torch.ones(max(nbytes // 4, 1), dtype=torch.float32)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.empty_like(source).copy_(source)
+        times.append(time.perf_counter() - start)
+    return source.numel() * 4 / statistics.median(times) / 1e9
+
+
 def _fmt(value: Any, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -95,6 +113,7 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=300)
     parser.add_argument("--target", type=float, default=0.9)
     parser.add_argument("--out", type=Path, default=None, help="write curves.json here")
+    parser.add_argument("--no-megatron", action="store_true", help="skip the megatron-core TP2 run")
     args = parser.parse_args()
 
     import torch
@@ -104,11 +123,13 @@ def main() -> None:
     torch.set_num_threads(1)
     overrides = [f"max_steps={args.max_steps}", "logging.tensorboard=false", "checkpoint.save_every=0"]
     config = load_config(None, overrides)
-    plain_hist, plain_wall = run_plain(config)
+    runs = {"plain loop": run_plain(config)}
     with tempfile.TemporaryDirectory() as tmp:
-        full_hist, full_wall = run_full(config, Path(tmp) / "run")
-    rows = [_summary("plain loop", plain_hist, plain_wall, args.target),
-            _summary("full system", full_hist, full_wall, args.target)]  # fmt: skip
+        runs["full system"] = run_full(config, Path(tmp) / "run")
+        if not args.no_megatron:
+            megatron = load_config(None, [*overrides, "engine.train=megatron", "parallel.train.tensor=2"])
+            runs["megatron TP2"] = run_full(megatron, Path(tmp) / "megatron")
+    rows = [_summary(name, hist, wall, args.target) for name, (hist, wall) in runs.items()]
 
     print(f"\nGRPO default (reverse 8 digits): target greedy accuracy {args.target}, {args.max_steps} steps")
     print(
@@ -118,22 +139,29 @@ def main() -> None:
         print(f"{r['name']:<14}{_fmt(r['steps_to_target'], 'd') if r['steps_to_target'] else '-':>14}"
               f"{_fmt(r['time_to_target_s'], '.1f'):>11}{_fmt(r['min_accuracy_after']):>14}"
               f"{_fmt(r['final_accuracy']):>10}{r['wall_s']:>9.1f}")  # fmt: skip
-    print("\nmedian seconds per step by stage (steps 6+)")
-    print(f"{'stage':<24}{'plain':>9}{'full':>9}")
+    print("\nmedian per step by stage (steps 6+; seconds unless named)")
+    print(f"{'stage':<24}" + "".join(f"{r['name']:>15}" for r in rows))
     for key in STAGES:
-        a, b = rows[0].get(key), rows[1].get(key)
-        if a is not None or b is not None:
-            print(f"{key:<24}{_fmt(a):>9}{_fmt(b):>9}")
+        if any(r.get(key) is not None for r in rows):
+            print(f"{key:<24}" + "".join(f"{_fmt(r.get(key), '.4g'):>15}" for r in rows))
     ratio = rows[1]["time/step"] / rows[0]["time/step"]
     print(f"\noverhead ratio (full / plain time per step): {ratio:.2f}x  (target <= 1.3x)")
-    print("\naccuracy curve (full system): step  elapsed_s  accuracy")
-    for m in full_hist:
-        if "accuracy" in m and (m["step"] % 20 == 0 or m is _first_at(full_hist, args.target)):
-            print(f"  {m['step']:>4}  {m['elapsed']:>7.1f}  {m['accuracy']:.3f}")
+    if len(rows) > 2:
+        ratio = rows[2]["time/step"] / rows[1]["time/step"]
+        print(f"megatron TP2 / torch engine time per step (both full system): {ratio:.2f}x")
+        moved, gbps = int(rows[2]["reshard/bytes"]), rows[2]["reshard/gbps"]
+        bound = _memcpy_gbps(moved)
+        print(f"reshard: {moved / 1e6:.2f} MB per step at {gbps:.3f} GB/s; "
+              f"memcpy of as many bytes here: {bound:.2f} GB/s ({gbps / bound:.1%} of it)")  # fmt: skip
+    for name, (hist, _) in list(runs.items())[1:]:
+        print(f"\naccuracy curve ({name}): step  elapsed_s  accuracy")
+        for m in hist:
+            if "accuracy" in m and (m["step"] % 20 == 0 or m is _first_at(hist, args.target)):
+                print(f"  {m['step']:>4}  {m['elapsed']:>7.1f}  {m['accuracy']:.3f}")
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         curves = {name: [{k: m.get(k) for k in ("step", "elapsed", "accuracy", "reward_mean")} for m in hist]
-                  for name, hist in (("plain", plain_hist), ("full", full_hist))}  # fmt: skip
+                  for name, (hist, _) in runs.items()}  # fmt: skip
         (args.out / "curves.json").write_text(json.dumps({"summary": rows, "curves": curves}, indent=1))
 
 
