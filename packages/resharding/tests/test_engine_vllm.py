@@ -1,6 +1,6 @@
 """vLLM engine adapter against a real vLLM (CPU build) and a tiny random Qwen2 built here.
 
-Runs in the ``tests-resharding-vllm`` nox session (vLLM pins its own torch, so it has a venv
+Runs in the ``tests-vllm`` nox session (vLLM pins its own torch, so it has a venv
 of its own); skipped only where vLLM is not importable. The model directory (HF config,
 safetensors, a word-level tokenizer) is built in code: nothing is downloaded.
 """

@@ -145,8 +145,23 @@ class VllmInferenceEngine:
         packed = getattr(self.model, "packed_modules_mapping", {})
         checkpoint = list(split_fused_weights(weights, packed, self._output_sizes()))
         self._runner.reload_weights(weights_iterator=checkpoint, is_checkpoint_format=True)
+        self._reprocess_tied_modules()
         # Cached prefixes were computed with the old weights.
         self.llm.reset_prefix_cache()
+
+    def _reprocess_tied_modules(self) -> None:
+        """Re-run the weight processing of modules whose weight is another module's (a tied LM head).
+
+        vLLM's reload processes a module once its own weights are loaded; a tied LM head shares the
+        embedding's parameter and is never loaded itself, so on CPU it would keep the kernel-packed
+        copy of the weights of the first load.
+        """
+        loaded = dict(self.model.named_parameters())  # a shared parameter is listed once
+        for path, module in self.model.named_modules():
+            method = getattr(module, "quant_method", None)
+            names = [f"{path}.{name}" if path else name for name in module._parameters]
+            if method is not None and any(name not in loaded for name in names):
+                method.process_weights_after_loading(module)
 
     # ------------------------------------------------------------------ memory
     def resident_bytes(self) -> int:
