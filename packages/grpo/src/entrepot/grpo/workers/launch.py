@@ -40,15 +40,19 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch(config: GRPOConfig) -> Cluster:
-    """The GRPO dock and an actor group of DP ranks plus a reward group, as `resources` asks."""
+def launch(config: GRPOConfig, run_dir: str | None = None) -> Cluster:
+    """The GRPO dock and an actor group of DP ranks plus a reward group, as `resources` asks.
+
+    `run_dir` is where the actors keep files of the run (vLLM's model directory); None: temporary ones.
+    """
     from entrepot.dock import GRPODock
 
     resources = config.resources
     dock_args: dict[str, Any] = {
         "prompts_num": config.rollout.prompts_per_step,
         "n_samples_per_prompt": config.rollout.n_samples_per_prompt,
-        "extra_columns": ("answer", "accuracy"),
+        # rollout_log_prob: the rollout engine's log-probs of its sampled tokens (vLLM's; flat per row)
+        "extra_columns": ("answer", "accuracy", "rollout_log_prob"),
         "seed": config.seed,
     }
     train = config.parallel.train
@@ -57,7 +61,9 @@ def launch(config: GRPOConfig) -> Cluster:
     if not resources.use_ray:
         return Cluster(
             dock=GRPODock(**dock_args),
-            actors=LocalWorkerGroup("actor", lambda rank: ActorWorker(config, rank), actor_ranks),
+            actors=LocalWorkerGroup(
+                "actor", lambda rank: ActorWorker(config, rank, run_dir=run_dir), actor_ranks
+            ),
             rewards=LocalWorkerGroup("reward", lambda rank: RewardWorker(config, rank), reward_ranks),
         )
     import ray
@@ -73,7 +79,7 @@ def launch(config: GRPOConfig) -> Cluster:
     dist_init = f"tcp://127.0.0.1:{_free_port()}" if len(actor_ranks) > 1 else ""
 
     def actor_args(rank: RankInfo) -> tuple[Any, ...]:
-        return (config, rank, dist_init)
+        return (config, rank, dist_init, run_dir)
 
     def reward_args(rank: RankInfo) -> tuple[Any, ...]:
         return (config, rank)

