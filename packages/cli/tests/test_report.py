@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from entrepot.cli import _metrics as m
-from entrepot.cli._live import TrainDisplay, dock_line
+from entrepot.cli._live import TrainDisplay, dock_line, weight_sync_line
 from entrepot.cli._plot import plot_curves
 
 
@@ -118,3 +118,12 @@ def test_summary_reports_when_accuracy_first_reached_the_target(tmp_path: Path) 
     assert "step 20 (10.0 s)" in text  # accuracy 0.25, 0.5, 0.75, 1.0 at steps 5..20; 0.5 s per step
     assert "training time (all steps)" in text and "10.0 s" in text
     assert str(tmp_path / "ckpt") in text
+
+
+def test_weight_sync_line_shows_reshard_and_logp_mismatch() -> None:
+    assert weight_sync_line({"step": 1, "reward_mean": 0.5}) is None  # torch engines: nothing to show
+    record = {"reshard/seconds": 0.031, "reshard/gbps": 0.02, "rollout/logp_mismatch_mean": 7.1e-8,
+              "rollout/logp_mismatch_max": 9.5e-7}  # fmt: skip
+    assert weight_sync_line(record) == (
+        "weight sync: reshard 31ms 0.02 GB/s  logp mismatch mean 7.10e-08 max 9.50e-07"
+    )

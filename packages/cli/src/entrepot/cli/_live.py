@@ -28,6 +28,18 @@ _DOCK_SHORT = {
 }
 
 
+def weight_sync_line(metrics: Mapping[str, Any]) -> str | None:
+    """Weight sync health of the step: reshard time and GB/s, the rollout / trainer log-prob mismatch."""
+    parts = []
+    seconds, gbps = m.number(metrics, m.RESHARD_SECONDS), m.number(metrics, m.RESHARD_GBPS)
+    if seconds is not None:
+        parts.append(f"reshard {seconds * 1000:.0f}ms" + (f" {gbps:.2f} GB/s" if gbps is not None else ""))
+    mean, peak = m.number(metrics, m.LOGP_MISMATCH_MEAN), m.number(metrics, m.LOGP_MISMATCH_MAX)
+    if mean is not None:
+        parts.append(f"logp mismatch mean {mean:.2e}" + (f" max {peak:.2e}" if peak is not None else ""))
+    return "weight sync: " + "  ".join(parts) if parts else None
+
+
 def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -140,6 +152,9 @@ class TrainDisplay:
         stages = m.stage_times(latest)
         stage_line = "  ".join(f"{name} {seconds * 1000:.0f}ms" for name, seconds in stages.items())
         lines: list[RenderableType] = [self.progress, table, f"[dim]stages: {stage_line or '-'}"]
+        sync = weight_sync_line(latest)
+        if sync is not None:
+            lines.append(f"[dim]{sync}")
         dock = dock_line(latest)
         if dock is not None:  # one line whatever the width: cut with an ellipsis, never wrapped
             lines.append(Text(dock, style="dim", no_wrap=True, overflow="ellipsis"))

@@ -19,6 +19,11 @@ TRAIN_ACCURACY = "train_accuracy"  # share of sampled responses that were correc
 KL = "kl"
 TOKENS_PER_S = "tokens_per_s"
 STEP_TIME = "time/step"
+# engine.rollout=vllm: mean / max |log p_rollout - log p_train| of the sampled tokens (weight-sync health)
+LOGP_MISMATCH_MEAN = "rollout/logp_mismatch_mean"
+LOGP_MISMATCH_MAX = "rollout/logp_mismatch_max"
+RESHARD_SECONDS = "reshard/seconds"  # engine.train=megatron: train -> infer weight sync
+RESHARD_GBPS = "reshard/gbps"
 EVAL_TIME = "time/eval"
 ELAPSED = "elapsed"  # added by `with_elapsed`: training seconds since the run began
 STAGE_PREFIX = "time/"
