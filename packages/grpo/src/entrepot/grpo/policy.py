@@ -7,7 +7,7 @@ builds too, so both start from identical weights, engines and sampling streams.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,7 +147,10 @@ def _rollout_engine(
 
         model_dir = config.model.path
         if model_dir is None and run_dir is not None:
+            # every rank built the same weights; HF's save_pretrained writes on global rank 0 only
             model_dir = str(save_model_dir(model, Path(run_dir) / "rollout_model"))
+            if torch.distributed.is_initialized():
+                torch.distributed.barrier()  # the directory is complete before any rank's vLLM reads it
         engine = VllmRolloutEngine.launch(
             model, model_dir, max_model_len=config.longest_sequence(), max_num_seqs=config.rollout.batch_size,
             seed=config.seed, device=config.engine.device, verify=config.engine.reshard_verify,
@@ -176,25 +179,37 @@ def _manager(
     )  # fmt: skip
 
 
-def export_hf(policy: Policy, directory: str | Path) -> Path:
-    """Write the rollout engine's weights (resharded from training just before) as an HF model directory.
+def export_hf(
+    policy: Policy, directory: str | Path, weights: Mapping[str, torch.Tensor] | None = None
+) -> Path:
+    """Write the policy as an HF model directory (`AutoModelForCausalLM.from_pretrained` loads it).
 
-    `transformers.AutoModelForCausalLM.from_pretrained(directory)` loads it; call it in infer mode.
+    Args:
+        policy: the policy; without `weights`, its rollout engine's weights (resharded from training
+            just before: call it in infer mode) are written.
+        directory: the directory to write.
+        weights: the whole model in the inference layout (a `Resharder`'s output), for engines whose
+            own weights are not readable (vLLM packs them for its CPU kernels).
     """
     from transformers import AutoModelForCausalLM
 
     from entrepot.grpo.rollout import gpt2_infer_to_hf
+    from entrepot.grpo.rollout_hf import unfused_weights
 
     out = Path(directory)
     engine = policy.engine
-    if isinstance(engine, GPT2RolloutEngine):
-        model = AutoModelForCausalLM.from_config(policy.hf_config)
-        weights = gpt2_infer_to_hf({name: t.detach().cpu() for name, t in engine.weights.items()})
-        missing, unexpected = model.load_state_dict(weights, strict=False)
-        if unexpected or any(name != "lm_head.weight" for name in missing):
-            raise RuntimeError(f"GPT-2 export: missing {missing}, unexpected {unexpected}")
-        model.tie_weights()
-    else:
-        model = engine.module
+    if weights is None and not isinstance(engine, GPT2RolloutEngine):
+        engine.module.save_pretrained(out)
+        return out
+    if weights is None:
+        weights = engine.weights
+    model = AutoModelForCausalLM.from_config(policy.hf_config)
+    host = {name: t.detach().cpu() for name, t in weights.items()}
+    gpt2 = type(model).__name__ == "GPT2LMHeadModel"
+    named = gpt2_infer_to_hf(host) if gpt2 else unfused_weights(host, policy.hf_config)
+    missing, unexpected = model.load_state_dict(named, strict=False)
+    if unexpected or any(name != "lm_head.weight" for name in missing):
+        raise RuntimeError(f"HF export: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
     model.save_pretrained(out)
     return out

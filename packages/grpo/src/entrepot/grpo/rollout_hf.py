@@ -15,10 +15,10 @@ import torch
 
 from entrepot.grpo.rollout import SamplingParams
 
-__all__ = ["HFRolloutEngine"]
+__all__ = ["HFRolloutEngine", "unfused_weights"]
 
 
-def _unfused(weights: Mapping[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
+def unfused_weights(weights: Mapping[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
     """Fused Llama-style inference names -> HF names (views, no copies)."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     q_size = config.num_attention_heads * head_dim
@@ -55,7 +55,7 @@ class HFRolloutEngine(_engine_base()):  # type: ignore[misc]
 
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Copy `weights` in place (fused ``qkv_proj`` / ``gate_up_proj`` are split into HF's)."""
-        super().load_weights(_unfused(weights, self.module.config))
+        super().load_weights(unfused_weights(weights, self.module.config))
 
     @torch.no_grad()
     def generate(

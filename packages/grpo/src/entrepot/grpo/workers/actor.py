@@ -302,6 +302,11 @@ class ActorWorker:
         from entrepot.grpo.policy import export_hf
 
         manager = self.policy.manager
+        if isinstance(self.policy.engine, LogprobRolloutEngine):  # vLLM: its weights are kernel-packed
+            weights = manager.resharder.reshard(manager.train_engine.named_train_parameters())
+            if self.rank.rank == 0:
+                export_hf(self.policy, directory, weights)
+            return
         manager.enter_infer_mode()
         try:
             if self.rank.rank == 0:
