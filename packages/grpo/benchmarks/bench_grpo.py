@@ -6,7 +6,10 @@ this folder) keeps everything in one process; the full system adds the dock, the
 groups (actor, reward) and their calls. The ratio of their time per step is the overhead of that
 machinery. The third run trains with megatron-core at TP2 (two gloo ranks), resharded every step
 into the TP1 rollout engine with checksums on: its time per step against the torch engine's, and
-the reshard seconds / bytes / GB/s per step (`--no-megatron` skips it).
+the reshard seconds / bytes / GB/s per step (`--no-megatron` skips it). `--vllm` adds the full
+system with vLLM generating (`engine.rollout=vllm`, run by `nox -s bench-vllm`): its seconds per
+stage next to the torch engine's, the weight load (inside reshard_to_infer) and the log-prob
+mismatch between vLLM and the trainer.
 
     python packages/grpo/benchmarks/bench_grpo.py [--max-steps 300] [--target 0.9] [--out DIR]
 """
@@ -37,11 +40,14 @@ STAGES = (
     "time/ref",
     "time/advantages",
     "time/update",
+    "time/old_logp",
     "time/reshard_to_train",
     "time/step",
     "reshard/seconds",
     "reshard/bytes",
     "reshard/gbps",
+    "rollout/logp_mismatch_mean",
+    "rollout/logp_mismatch_max",
 )
 
 
@@ -114,6 +120,7 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.9)
     parser.add_argument("--out", type=Path, default=None, help="write curves.json here")
     parser.add_argument("--no-megatron", action="store_true", help="skip the megatron-core TP2 run")
+    parser.add_argument("--vllm", action="store_true", help="add a run with vLLM generating")
     args = parser.parse_args()
 
     import torch
@@ -129,6 +136,10 @@ def main() -> None:
         if not args.no_megatron:
             megatron = load_config(None, [*overrides, "engine.train=megatron", "parallel.train.tensor=2"])
             runs["megatron TP2"] = run_full(megatron, Path(tmp) / "megatron")
+        if args.vllm:
+            runs["vLLM rollout"] = run_full(
+                load_config(None, [*overrides, "engine.rollout=vllm"]), Path(tmp) / "vllm"
+            )
     rows = [_summary(name, hist, wall, args.target) for name, (hist, wall) in runs.items()]
 
     print(f"\nGRPO default (reverse 8 digits): target greedy accuracy {args.target}, {args.max_steps} steps")
@@ -146,10 +157,15 @@ def main() -> None:
             print(f"{key:<24}" + "".join(f"{_fmt(r.get(key), '.4g'):>15}" for r in rows))
     ratio = rows[1]["time/step"] / rows[0]["time/step"]
     print(f"\noverhead ratio (full / plain time per step): {ratio:.2f}x  (target <= 1.3x)")
-    if len(rows) > 2:
-        ratio = rows[2]["time/step"] / rows[1]["time/step"]
+    by_name = {r["name"]: r for r in rows}
+    if "vLLM rollout" in by_name:
+        ratio = by_name["vLLM rollout"]["time/step"] / rows[1]["time/step"]
+        print(f"vLLM / torch rollout engine time per step (both full system): {ratio:.2f}x")
+    if "megatron TP2" in by_name:
+        megatron = by_name["megatron TP2"]
+        ratio = megatron["time/step"] / rows[1]["time/step"]
         print(f"megatron TP2 / torch engine time per step (both full system): {ratio:.2f}x")
-        moved, gbps = int(rows[2]["reshard/bytes"]), rows[2]["reshard/gbps"]
+        moved, gbps = int(megatron["reshard/bytes"]), megatron["reshard/gbps"]
         bound = _memcpy_gbps(moved)
         print(f"reshard: {moved / 1e6:.2f} MB per step at {gbps:.3f} GB/s; "
               f"memcpy of as many bytes here: {bound:.2f} GB/s ({gbps / bound:.1%} of it)")  # fmt: skip
