@@ -65,12 +65,19 @@ TP2 = ["engine.train=megatron", "parallel.train.tensor=2", "logging.tensorboard=
        "eval.num_prompts=32", "checkpoint.keep_last=0"]  # fmt: skip
 
 
+OFFLOAD_ALL = ["engine.offload_params=true", "engine.offload_grads=true", "engine.offload_optimizer=true",
+               "engine.offload_reference=true"]  # fmt: skip
+
+
 def test_megatron_tp2_trains_and_resumes_bit_identically(ray_session, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    config = load_config(None, [*TP2, "max_steps=3", "checkpoint.save_every=2", "algorithm.kl_coef=0.01"])
+    """Every offload key on: checkpoints read (and resume writes) state that sits in host memory."""
+    overrides = [*TP2, *OFFLOAD_ALL, "max_steps=3", "checkpoint.save_every=2", "algorithm.kl_coef=0.01"]
+    config = load_config(None, overrides)
     full = tmp_path / "full"
     train(config, full)
     rows = read_metrics(full / "metrics.jsonl")
     assert all(r["reshard/seconds"] > 0 and r["reshard/bytes"] > 0 for r in rows)  # resharded every step
+    assert all(r["memory/train_param_bytes_in_rollout"] == 0 for r in rows)  # offloaded while generating
     shards = sorted(p.name for p in (full / "checkpoints" / "step_000003").glob("model*.safetensors"))
     assert shards == ["model.shard000.safetensors", "model.shard001.safetensors"]  # one per TP rank
     resumed = tmp_path / "resumed"

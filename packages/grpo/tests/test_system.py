@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -62,9 +63,14 @@ def test_two_data_parallel_ranks_stay_in_sync(ray_session, tmp_path: Path) -> No
         assert not torch.equal(value, before[name]), name  # every trainable parameter moved
 
 
-def test_resume_gives_bit_identical_parameters(tmp_path: Path) -> None:
+OFFLOADED = ("engine.offload_params=true", "engine.offload_grads=true", "engine.offload_optimizer=true")
+
+
+@pytest.mark.parametrize("offload", [(), OFFLOADED], ids=["resident", "offloaded"])
+def test_resume_gives_bit_identical_parameters(offload: tuple[str, ...], tmp_path: Path) -> None:
+    """Offloaded: the checkpoint reads (and resume writes) optimizer state that sits in host memory."""
     overrides = [*SMALL, "max_steps=3", "checkpoint.save_every=2", "eval.every=0", "resources.use_ray=false",
-                 "rollout.prompts_per_step=8"]  # fmt: skip
+                 "rollout.prompts_per_step=8", *offload]  # fmt: skip
     config = load_config(None, overrides)
     full = tmp_path / "full"
     train(config, full)

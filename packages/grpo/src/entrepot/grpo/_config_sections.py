@@ -360,6 +360,14 @@ class EngineConfig:
             "a mismatch fails the step before any rollout."
         ),
     )
+    deterministic: bool = field(
+        default=False,
+        metadata=_doc(
+            "Deterministic kernels (torch.use_deterministic_algorithms, a fixed cuBLAS workspace): on a GPU "
+            "what makes a resumed run bit-identical (atomics make some backward sums order-dependent); "
+            "the CPU is deterministic without it."
+        ),
+    )
     max_logp_mismatch: float | None = field(
         default=None,
         metadata=_doc(

@@ -5,7 +5,7 @@ A checkpoint directory ``checkpoints/step_000050/`` holds:
   model is split over TP x PP ranks: one file per shard): this rank's parameters (HF names for the torch
   engine, its TP / PP shard under global training names for megatron; tied weights once);
 - ``optimizer.safetensors``: AdamW moments and step counts, keyed ``<param index>.<key>``;
-- ``rng.safetensors``: the torch global RNG and the rollout sampler's generator state;
+- ``rng.safetensors``: the torch global RNG, the sampler's generator state and, on a GPU, the device RNG;
 - ``dock.pt``: the dock's state_dict (plain tensors, read back with ``weights_only=True``);
 - ``state.json``: step, data position, scheduler state, optimizer param groups, the config.
 """
@@ -52,9 +52,17 @@ def capture_state(worker: Policy) -> dict[str, Any]:
         "model": _copies(trainer.named_parameters()),
         "reference": _copies(trainer.named_reference()),
         "optimizer": optim_tensors,
-        "rng": {"torch": torch.get_rng_state(), "sampler": worker.generator.get_state()},
+        "rng": _rng_states(worker),
         "json": {"param_groups": optim["param_groups"], "scheduler": scheduler},
     }
+
+
+def _rng_states(worker: Policy) -> dict[str, torch.Tensor]:
+    """The RNG streams a step draws from: torch's, the sampler's and, on a GPU, the device's."""
+    states = {"torch": torch.get_rng_state(), "sampler": worker.generator.get_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state()
+    return states
 
 
 def restore_state(worker: Policy, state: Mapping[str, Any]) -> None:
@@ -71,7 +79,7 @@ def restore_state(worker: Policy, state: Mapping[str, Any]) -> None:
     per_param: dict[int, dict[str, torch.Tensor]] = {}
     for flat, value in state["optimizer"].items():
         index, key = flat.split(".", 1)
-        per_param.setdefault(int(index), {})[key] = value
+        per_param.setdefault(int(index), {})[key] = value.clone()  # own storage (offload resizes it)
     groups = state["json"]["param_groups"]
     for group in groups:
         if "betas" in group:
@@ -79,6 +87,8 @@ def restore_state(worker: Policy, state: Mapping[str, Any]) -> None:
     trainer.torch_optimizer.load_state_dict({"state": per_param, "param_groups": groups})
     trainer.scheduler.load_state_dict({**trainer.scheduler.state_dict(), **state["json"]["scheduler"]})
     torch.set_rng_state(state["rng"]["torch"])
+    if "cuda" in state["rng"]:  # HF generate samples from the device's RNG
+        torch.cuda.set_rng_state(state["rng"]["cuda"])
     worker.generator.set_state(state["rng"]["sampler"])
 
 

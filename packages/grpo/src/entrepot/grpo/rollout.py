@@ -256,6 +256,9 @@ class GPT2RolloutEngine:
             sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
             logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
         probs = logits.softmax(-1)
+        if generator is not None and generator.device != probs.device:
+            # the sampling stream lives on the CPU (checkpointed, the same whatever the device): draw there
+            return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(probs.device)
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
     @torch.no_grad()

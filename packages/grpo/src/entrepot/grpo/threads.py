@@ -1,8 +1,8 @@
-"""Thread settings for every torch process of a run.
+"""Thread and kernel settings for every torch process of a run.
 
 On a small shared machine OpenMP's default busy-wait made a tiny model 5-10x slower, so every
 process sets `OMP_WAIT_POLICY` before torch loads (Ray workers get it through `runtime_env`) and
-caps torch's intra- and inter-op threads.
+caps torch's intra- and inter-op threads. `engine.deterministic` asks for deterministic kernels here too.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from entrepot.grpo.config import ThreadsConfig
 
-__all__ = ["configure_threads", "worker_env"]
+__all__ = ["configure_threads", "use_deterministic_kernels", "worker_env"]
 
 
 def worker_env(config: ThreadsConfig) -> dict[str, str]:
@@ -39,3 +39,14 @@ def configure_threads(config: ThreadsConfig, *, interop: bool = False) -> None:
         # Raises once set or after parallel work started in this process; then the first value holds.
         with contextlib.suppress(RuntimeError):
             torch.set_num_interop_threads(config.interop_threads)
+
+
+def use_deterministic_kernels() -> None:
+    """Kernels that give the same bits on every run (no atomics-ordered sums), before any GPU work.
+
+    cuBLAS reads its workspace setting when its first handle is made, so this runs before the model.
+    """
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    import torch
+
+    torch.use_deterministic_algorithms(True)

@@ -6,6 +6,8 @@ holds; the worker calls the same methods on either (log-probs, update, state for
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Protocol
 
 import torch
@@ -51,6 +53,10 @@ class Trainer(Protocol):
 
     def after_restore(self) -> None:
         """Re-derive state that follows from the parameters after a checkpoint is loaded."""
+        ...
+
+    def reference_resident(self) -> contextlib.AbstractContextManager[None]:
+        """The reference's parameters on the device inside the block (checkpoints read and write them)."""
         ...
 
 
@@ -105,6 +111,11 @@ class TorchTrainer:
     @property
     def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
         return self._scheduler
+
+    @contextlib.contextmanager
+    def reference_resident(self) -> Iterator[None]:
+        """Always resident: the torch engine never offloads its reference."""
+        yield
 
     def after_restore(self) -> None:
         """Nothing derived: HF ties weights by sharing one tensor."""

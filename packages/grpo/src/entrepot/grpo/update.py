@@ -28,7 +28,15 @@ __all__ = [
     "micro_batch_loss",
     "micro_batches",
     "ppo_update",
+    "process_group_backend",
 ]
+
+
+def process_group_backend(device: torch.device | str) -> str:
+    """torch.distributed backend for ranks training on `device`: gloo on CPU; on an accelerator its
+    collective library for device tensors and gloo for the small CPU tensors the update sums."""
+    kind = torch.device(device).type
+    return {"cpu": "gloo", "cuda": "cpu:gloo,cuda:nccl", "npu": "cpu:gloo,npu:hccl"}[kind]
 
 
 @dataclass(frozen=True)

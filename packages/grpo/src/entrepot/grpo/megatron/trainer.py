@@ -16,6 +16,7 @@ Legend: B rows, R response tokens, L longest row of a micro-batch, V vocabulary.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import socket
 from collections.abc import Iterator, Sequence
@@ -29,7 +30,13 @@ from entrepot.grpo.errors import GRPOConfigError
 from entrepot.grpo.losses import loss_normalizer
 from entrepot.grpo.megatron.vocab_parallel import vocab_parallel_logprobs
 from entrepot.grpo.sequences import ResponseBatch, segment_index
-from entrepot.grpo.update import DataParallel, UpdateInputs, micro_batch_loss, micro_batches
+from entrepot.grpo.update import (
+    DataParallel,
+    UpdateInputs,
+    micro_batch_loss,
+    micro_batches,
+    process_group_backend,
+)
 
 __all__ = ["MegatronTrainer", "init_model_parallel"]
 
@@ -37,7 +44,7 @@ _METRIC_KEYS = ("pg_loss", "clip_frac", "ratio_mean", "entropy", "kl")
 
 
 def init_model_parallel(config: GRPOConfig, rank: int, world_size: int, dist_init: str) -> None:
-    """torch.distributed (gloo on CPU, NCCL on GPU) and megatron-core's parallel state for this rank."""
+    """torch.distributed (gloo on CPU; NCCL for GPU tensors) and megatron-core's parallel state."""
     from entrepot.resharding.engines.megatron import require_megatron
     from entrepot.resharding.engines.megatron_cpu import enable_cpu_mode
 
@@ -48,7 +55,7 @@ def init_model_parallel(config: GRPOConfig, rank: int, world_size: int, dist_ini
         torch.cuda.set_device(device.index or 0)
     if not dist.is_initialized():
         init = dist_init or f"tcp://127.0.0.1:{_free_port()}"
-        backend = "gloo" if device.type == "cpu" else "nccl"
+        backend = process_group_backend(device)
         dist.init_process_group(backend, init_method=init, rank=rank, world_size=world_size)
     from megatron.core import parallel_state as mpu
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -194,12 +201,8 @@ class MegatronTrainer:
             logp, _ = vocab_parallel_logprobs(micro.scored(logits), micro.labels, with_entropy=False)
             return logp.sum() * 0, torch.tensor(1), {"logp": logp.float().cpu()}
 
-        offloader = self._reference_offloader if reference else None
-        if offloader is not None:
-            offloader.onload_params()
-        outputs = self._schedule(model, batch, plan, score, forward_only=True)
-        if offloader is not None:
-            offloader.offload_params()
+        with self.reference_resident() if reference else contextlib.nullcontext():
+            outputs = self._schedule(model, batch, plan, score, forward_only=True)
         if not self.is_last_stage:
             return None
         out = torch.empty(batch.num_response_tokens, dtype=torch.float32)
@@ -299,6 +302,19 @@ class MegatronTrainer:
     def named_parameters(self) -> dict[str, torch.Tensor]:
         """This rank's trainable parameters under global training names (no tied copy)."""
         return self.train_engine.named_train_parameters()
+
+    @contextlib.contextmanager
+    def reference_resident(self) -> Iterator[None]:
+        """The reference on the device inside the block; back in host memory after (offload_reference)."""
+        offloader = self._reference_offloader
+        if offloader is None or not offloader.is_offloaded("params"):
+            yield
+            return
+        offloader.onload_params()
+        try:
+            yield
+        finally:
+            offloader.offload_params()
 
     def named_reference(self) -> dict[str, torch.Tensor]:
         """This rank's reference parameters under global training names."""

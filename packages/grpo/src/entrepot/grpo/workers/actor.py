@@ -12,8 +12,9 @@ the update takes exactly the rows the driver planned for each rank and sums grad
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -26,7 +27,7 @@ from entrepot.grpo.policy import Policy, build_policy
 from entrepot.grpo.rollout import SamplingParams
 from entrepot.grpo.rollout_vllm import LogprobRolloutEngine
 from entrepot.grpo.sequences import ResponseBatch
-from entrepot.grpo.threads import configure_threads
+from entrepot.grpo.threads import configure_threads, use_deterministic_kernels
 from entrepot.grpo.update import DataParallel, UpdateInputs
 from entrepot.grpo.workers._stage import DockReader, stage
 from entrepot.grpo.workers.group import RankInfo
@@ -120,6 +121,8 @@ class ActorWorker:
         run_dir: str | None = None,
     ) -> None:
         configure_threads(config.threads, interop=True)
+        if config.engine.deterministic:
+            use_deterministic_kernels()
         self.config = config
         self.rank = rank or RankInfo(rank=0, world_size=1)
         group = None
@@ -133,9 +136,12 @@ class ActorWorker:
         elif self.rank.world_size > 1:
             import torch.distributed as dist
 
+            from entrepot.grpo.update import process_group_backend
+
             dist.init_process_group(
-                "gloo", init_method=dist_init, rank=self.rank.rank, world_size=self.rank.world_size
-            )
+                process_group_backend(config.engine.device), init_method=dist_init,
+                rank=self.rank.rank, world_size=self.rank.world_size,
+            )  # fmt: skip
         self.reader = DockReader(self.rank, config.resources.stage_timeout_s, group)
         # the rollout engine holds the whole model on every rank (inference TP 1): each rank samples,
         # from one sampling stream that every rank advances alike (see `_batch_generator`)
@@ -320,13 +326,21 @@ class ActorWorker:
         """Model, reference, optimizer, scheduler and RNG state (tensors + JSON-able values)."""
         from entrepot.grpo.checkpoint import capture_state
 
-        return capture_state(self.policy)
+        with self._all_state_resident():
+            return capture_state(self.policy)
 
     def load_state(self, states: Sequence[dict[str, Any]]) -> None:
         """Restore `states[rank]` (one `state()` per rank, as a checkpoint reads them back)."""
         from entrepot.grpo.checkpoint import restore_state
 
-        restore_state(self.policy, states[self.rank.rank])
+        with self._all_state_resident():
+            restore_state(self.policy, states[self.rank.rank])
+
+    @contextlib.contextmanager
+    def _all_state_resident(self) -> Iterator[None]:
+        """Params, optimizer state and reference on the device (offloaded ones are 0-byte storages)."""
+        with self.policy.manager.mode("train"), self.trainer.reference_resident():
+            yield
 
     def parameters_digest(self) -> dict[str, torch.Tensor]:
         """A copy of this rank's trainable parameters (tests compare runs bit for bit)."""
