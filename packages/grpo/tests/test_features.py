@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -124,3 +125,14 @@ def test_a_failing_stage_fails_the_step_fast_and_keeps_the_checkpoint(ray_sessio
     # 32 responses x 2 verifier calls (reward + accuracy) per step: step 1 completes, step 2 fails
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_000001"]
     assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [1]
+
+
+def test_deterministic_engine_turns_on_deterministic_kernels(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    try:
+        (step,) = _steps(tmp_path, ["engine.deterministic=true"])
+        assert torch.are_deterministic_algorithms_enabled()  # set in the (in-process) actor worker
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        assert step["train_tokens"] > 0  # every kernel of a step has a deterministic implementation
+    finally:
+        torch.use_deterministic_algorithms(False)
