@@ -1,8 +1,9 @@
 """megatron-core as the actor's training engine, on CPU with gloo (its supported CPU mode).
 
-Parity with the HF module (same weights): log-probs at TP2, PP2 and TP2 x PP2 (fp32, <= 1e-4) and
-the parameters after one clipped update (<= 1e-5); then `engine.train=megatron` end to end through
-Ray at TP2 (train -> TP1 rollout, resharded and checksummed every step) and its exact resume.
+Parity with the HF module (same weights): log-probs at TP2, PP2, TP2 x PP2 and PP2 x VPP2 (fp32,
+<= 1e-4) and the parameters after one clipped update (<= 1e-5); then `engine.train=megatron` end to
+end through Ray at TP2 and at PP2 x VPP2 (train -> TP1 rollout, resharded and checksummed every
+step, every offload key on) and its exact resume.
 """
 
 from __future__ import annotations
@@ -29,14 +30,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+VPP2 = ("model.num_layers=4", "parallel.train.virtual_pipeline=2")  # interleaved: 2 chunks per stage
 QWEN2 = ("model.architecture=qwen2", "model.num_heads=4", "model.num_kv_heads=2",
          "model.intermediate_size=96")  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("tp", "pp", "model", "param_tol"),
-    [(2, 1, (), 1e-5), (1, 2, (), 1e-5), (2, 2, (), 1e-5), (2, 2, QWEN2, 1e-4)],
-    ids=["tp2", "pp2", "tp2xpp2", "qwen2-tp2xpp2"],
+    [(2, 1, (), 1e-5), (1, 2, (), 1e-5), (2, 2, (), 1e-5), (2, 2, QWEN2, 1e-4), (1, 2, VPP2, 1e-5)],
+    ids=["tp2", "pp2", "tp2xpp2", "qwen2-tp2xpp2", "pp2xvpp2"],
 )
 def test_megatron_matches_the_hf_module(
     tp: int, pp: int, model: tuple[str, ...], param_tol: float, tmp_path: Path
@@ -69,9 +71,17 @@ OFFLOAD_ALL = ["engine.offload_params=true", "engine.offload_grads=true", "engin
                "engine.offload_reference=true"]  # fmt: skip
 
 
-def test_megatron_tp2_trains_and_resumes_bit_identically(ray_session, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    "layout",
+    [(), ("parallel.train.tensor=1", "parallel.train.pipeline=2", *VPP2)],
+    ids=["tp2", "pp2xvpp2"],
+)
+def test_megatron_trains_and_resumes_bit_identically(  # type: ignore[no-untyped-def]
+    ray_session, layout: tuple[str, ...], tmp_path: Path
+) -> None:
     """Every offload key on: checkpoints read (and resume writes) state that sits in host memory."""
-    overrides = [*TP2, *OFFLOAD_ALL, "max_steps=3", "checkpoint.save_every=2", "algorithm.kl_coef=0.01"]
+    overrides = [*TP2, *layout, *OFFLOAD_ALL, "max_steps=3", "checkpoint.save_every=2",
+                 "algorithm.kl_coef=0.01"]  # fmt: skip
     config = load_config(None, overrides)
     full = tmp_path / "full"
     train(config, full)
@@ -79,7 +89,7 @@ def test_megatron_tp2_trains_and_resumes_bit_identically(ray_session, tmp_path: 
     assert all(r["reshard/seconds"] > 0 and r["reshard/bytes"] > 0 for r in rows)  # resharded every step
     assert all(r["memory/train_param_bytes_in_rollout"] == 0 for r in rows)  # offloaded while generating
     shards = sorted(p.name for p in (full / "checkpoints" / "step_000003").glob("model*.safetensors"))
-    assert shards == ["model.shard000.safetensors", "model.shard001.safetensors"]  # one per TP rank
+    assert shards == ["model.shard000.safetensors", "model.shard001.safetensors"]  # one per TP / PP rank
     resumed = tmp_path / "resumed"
     shutil.copytree(full, resumed)
     shutil.rmtree(resumed / "checkpoints" / "step_000003")

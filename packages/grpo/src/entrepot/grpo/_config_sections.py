@@ -745,9 +745,6 @@ class GRPOConfig:
                 f"tensor={train.tensor}, pipeline={train.pipeline}, expert={train.expert}",
                 "all 1 with engine.train=torch (data parallel only); use engine.train=megatron",
             )
-        _check(train.virtual_pipeline in (None, 1), "parallel.train.virtual_pipeline", train.virtual_pipeline,
-               "None or 1: the interleaved (VPP) schedule hung in this engine's parity run on CPU; "
-               "not supported yet")  # fmt: skip
         _check(train.expert == 1, "parallel.train.expert", train.expert,
                "1: the megatron recipes here are dense models (no MoE yet)")  # fmt: skip
         _check(infer.expert == 1, "parallel.infer.expert", infer.expert, "1: dense models only (no MoE yet)")
@@ -773,10 +770,11 @@ class GRPOConfig:
                 f"a divisor of model.num_heads ({heads}) and of its key/value heads ({kv_heads})",
             )
             stages = train.pipeline * (train.virtual_pipeline or 1)
+            vpp = (train.virtual_pipeline or 1) > 1
             _check(
                 self.model.num_layers % stages == 0,
-                "parallel.train.pipeline",
-                train.pipeline,
+                "parallel.train.virtual_pipeline" if vpp else "parallel.train.pipeline",
+                train.virtual_pipeline if vpp else train.pipeline,
                 f"such that pipeline x virtual_pipeline ({stages}) divides model.num_layers "
                 f"({self.model.num_layers})",
             )

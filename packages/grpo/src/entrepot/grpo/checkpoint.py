@@ -7,7 +7,7 @@ A checkpoint directory ``checkpoints/step_000050/`` holds:
 - ``optimizer.safetensors``: AdamW moments and step counts, keyed ``<param index>.<key>``;
 - ``rng.safetensors``: the torch global RNG, the sampler's generator state and, on a GPU, the device RNG;
 - ``dock.pt``: the dock's state_dict (plain tensors, read back with ``weights_only=True``);
-- ``state.json``: step, data position, scheduler state, optimizer param groups, the config.
+- ``state.json``: step, data position, scheduler state, optimizer param groups (per shard), the config.
 """
 
 from __future__ import annotations
@@ -128,8 +128,12 @@ def write_checkpoint(
     save_file(rng, str(tmp / "rng.safetensors"))
     if dock is not None:
         dock(tmp / "dock.pt")
-    (tmp / "state.json").write_text(json.dumps({**meta, **rank_states[0]["json"], "num_shards": num_shards},
-                                               indent=1))  # fmt: skip
+    # optimizer param groups differ between pipeline stages (each its own parameters): kept per shard
+    groups: dict[str, Any] = {}
+    for state, shard in zip(rank_states, shards, strict=True):
+        groups.setdefault(str(shard), state["json"]["param_groups"])
+    state_json = {**meta, **rank_states[0]["json"], "shard_param_groups": groups, "num_shards": num_shards}
+    (tmp / "state.json").write_text(json.dumps(state_json, indent=1))
     shutil.rmtree(directory, ignore_errors=True)
     tmp.rename(directory)
     return directory
@@ -152,10 +156,11 @@ def read_checkpoint(directory: Path, rank: int, shard: int = 0) -> tuple[dict[st
     rng = {k[len(prefix) :]: v for k, v in rng_all.items() if k.startswith(prefix)}
     if not rng:
         raise CheckpointError(f"checkpoint {str(directory)!r} has no RNG state for rank {rank}")
+    param_groups = meta.get("shard_param_groups", {}).get(str(shard), meta["param_groups"])
     state = {
         **{name: load_file(str(directory / file)) for name, file in files.items()},
         "rng": rng,
-        "json": {"param_groups": meta["param_groups"], "scheduler": meta["scheduler"]},
+        "json": {"param_groups": param_groups, "scheduler": meta["scheduler"]},
     }
     return state, meta
 

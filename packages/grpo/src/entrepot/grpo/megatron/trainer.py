@@ -136,6 +136,10 @@ class MegatronTrainer:
             pipeline_model_parallel_size=train.pipeline,
             virtual_pipeline_model_parallel_size=train.virtual_pipeline if train.pipeline > 1 else None,
         )
+        if self.tconfig.virtual_pipeline_model_parallel_size:
+            # With VPP, a stage's previous and next stage can be one peer (PP 2): the shape messages
+            # megatron sends for variable lengths then cross (a hang on gloo). Fixed shapes send none.
+            self.tconfig.variable_seq_lengths = False
         # Our loss is normalised over the global mini-batch: gradients are summed, never rescaled.
         self.tconfig.finalize_model_grads_func = functools.partial(_finalize_summing, finalize_model_grads)
         self.adaptor = get_adaptor(type(hf_model).__name__, hf_config)
@@ -193,7 +197,7 @@ class MegatronTrainer:
         model = self.reference if reference else self.chunks
         if model is None:
             raise RuntimeError("reference log-probs asked for but algorithm.kl_coef == 0")
-        plan = [m for m in micro_batches(batch.lengths, self.config.batching, pass_name) if m.numel()]
+        plan = self._plan(batch.lengths, pass_name)
         for chunk in model:
             chunk.eval()
 
@@ -225,7 +229,7 @@ class MegatronTrainer:
         return {key: value / max(steps, 1) for key, value in totals.items()}
 
     def _mini_batch_step(self, inputs: UpdateInputs, rows: torch.Tensor) -> dict[str, float]:
-        algo, batching = self.config.algorithm, self.config.batching
+        algo = self.config.algorithm
         mini = inputs.batch.select(rows)
         counts = torch.tensor(
             [loss_normalizer(mini.response_lengths, algo.loss_agg), mini.num_response_tokens],
@@ -233,7 +237,7 @@ class MegatronTrainer:
         )
         self.dp.sum_(counts)
         normalizer, num_tokens = float(counts[0]), float(counts[1])
-        plan = [m for m in micro_batches(mini.lengths, batching, "update", self.dp) if m.numel()]
+        plan = self._plan(mini.lengths, "update", self.dp)
 
         def loss(micro: _Micro, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
             picked = rows[micro.rows]
@@ -272,6 +276,30 @@ class MegatronTrainer:
         dist.all_reduce(ratio_max, op=dist.ReduceOp.MAX, group=self.dp.group)
         return {**dict(zip(keys, sums[:-1].tolist(), strict=True)), "ratio_max": float(ratio_max)}
 
+    def _plan(
+        self, lengths: torch.Tensor, pass_name: str, dp: DataParallel | None = None
+    ) -> list[torch.Tensor]:
+        """Row indexes of each micro-batch of a pass (none empty).
+
+        The interleaved (VPP) schedule runs micro-batches in groups of PP: with VPP the largest
+        micro-batches are halved until their count is a multiple of PP.
+        """
+        plan = [m for m in micro_batches(lengths, self.config.batching, pass_name, dp) if m.numel()]
+        pp = self.tconfig.pipeline_model_parallel_size
+        if not self.tconfig.virtual_pipeline_model_parallel_size or not plan:
+            return plan
+        while len(plan) % pp:
+            largest = max(range(len(plan)), key=lambda i: len(plan[i]))
+            if len(plan[largest]) < 2:
+                raise GRPOConfigError(
+                    f"parallel.train.virtual_pipeline: the interleaved schedule needs a multiple of "
+                    f"parallel.train.pipeline ({pp}) micro-batches, and this pass has {len(plan)} rows; "
+                    f"use more rows per step or no virtual pipeline"
+                )
+            half = len(plan[largest]) // 2
+            plan[largest : largest + 1] = [plan[largest][:half], plan[largest][half:]]
+        return plan
+
     def _schedule(
         self, model: list[torch.nn.Module], batch: ResponseBatch, plan: Sequence[torch.Tensor],
         score: Any, *, forward_only: bool,
@@ -282,18 +310,21 @@ class MegatronTrainer:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         micros = [_Micro(batch, rows) for rows in plan]
+        width = max(int(m.batch.lengths.max()) for m in micros)
+        # The interleaved schedule exchanges fixed shapes (see `transformer_config`): every
+        # micro-batch is padded to the pass's widest one, with all-pad rows where it has fewer.
+        rows = max(m.batch.num_rows for m in micros) if not self.tconfig.variable_seq_lengths else None
 
         def forward_step(data: Iterator[_Micro], chunk: torch.nn.Module) -> tuple[torch.Tensor, Any]:
             micro = next(data)
-            tokens, positions = micro.grid(self.device)
+            tokens, positions = micro.grid(self.device, None if rows is None else (rows, width))
             logits = chunk(tokens, positions, attention_mask=None)
             return logits, functools.partial(score, micro)
 
         iterators: Any = [iter(micros) for _ in model] if len(model) > 1 else iter(micros)
-        width = max(int(m.batch.lengths.max()) for m in micros)
         outputs = get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=iterators, model=model,
-            num_microbatches=len(micros), seq_length=width, micro_batch_size=1, forward_only=forward_only,
+            forward_step_func=forward_step, data_iterator=iterators, model=model, forward_only=forward_only,
+            num_microbatches=len(micros), seq_length=width, micro_batch_size=rows or 1,
         )  # fmt: skip
         return list(outputs)
 
@@ -348,9 +379,17 @@ class _Micro:
         self.row = torch.repeat_interleave(torch.arange(self.batch.num_rows), self.batch.response_lengths)
         self.column = keep - starts[self.row]  # [R] position inside its row
 
-    def grid(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Right-padded tokens [b, L] and positions [b, L] (pads are never attended to by real tokens)."""
+    def grid(
+        self, device: torch.device, shape: tuple[int, int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded tokens [b, L] and positions [b, L] (pads are never attended to by real tokens).
+
+        `shape`: pad to this [b, L] instead (extra rows are all padding and never scored).
+        """
         tokens, _ = self.batch.padded(pad_token_id=0)
+        if shape is not None:
+            extra_rows, extra_columns = shape[0] - tokens.shape[0], shape[1] - tokens.shape[1]
+            tokens = torch.nn.functional.pad(tokens, (0, extra_columns, 0, extra_rows))
         positions = torch.arange(tokens.shape[1]).expand_as(tokens).contiguous()
         return tokens.to(device), positions.to(device)
 
