@@ -311,7 +311,7 @@ class MegatronTrainer:
 
         micros = [_Micro(batch, rows) for rows in plan]
         width = max(int(m.batch.lengths.max()) for m in micros)
-        # The interleaved schedule exchanges fixed shapes (see `transformer_config`): every
+        # With VPP megatron exchanges fixed shapes (see `__init__`): every
         # micro-batch is padded to the pass's widest one, with all-pad rows where it has fewer.
         rows = max(m.batch.num_rows for m in micros) if not self.tconfig.variable_seq_lengths else None
 
