@@ -80,6 +80,16 @@ def test_file_errors(tmp_path: Path) -> None:
         ),
         (["engine.train=megatron", "parallel.train.expert=2"], "parallel.train.expert"),
         (["engine.train=megatron", "parallel.infer.tensor=2"], "parallel.infer.tensor"),
+        (  # a tensor-parallel vLLM spans the whole actor group: no second replica
+            [
+                "engine.rollout=vllm",
+                "engine.train=megatron",
+                "parallel.train.tensor=2",
+                "parallel.infer.tensor=2",
+                "resources.num_actor_workers=2",
+            ],
+            "parallel.infer.tensor",
+        ),
         (
             ["engine.train=megatron", "parallel.train.tensor=2", "resources.use_ray=false"],
             "resources.use_ray",

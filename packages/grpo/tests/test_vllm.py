@@ -203,19 +203,31 @@ def test_train_with_vllm_rollouts_raises_the_reward(ray_session: Any, tmp_path: 
 @needs_vllm
 @pytest.mark.parametrize(
     "layout",
-    [["engine.train=megatron", "parallel.train.tensor=2"], ["resources.num_actor_workers=2"]],
-    ids=["megatron-tp2", "dp2"],
+    [
+        ["engine.train=megatron", "parallel.train.tensor=2"],
+        ["engine.train=megatron", "parallel.train.tensor=2", "parallel.infer.tensor=2"],
+        ["resources.num_actor_workers=2"],
+    ],
+    ids=["megatron-tp2", "megatron-tp2-vllm-tp2", "dp2"],
 )
-def test_several_ranks_each_generate_with_their_own_vllm(
-    ray_session: Any, tmp_path: Path, layout: list[str]
-) -> None:
-    """Two actor ranks, one in-process vLLM each (TP1 rollout); the HF export is evaluated back."""
+def test_several_ranks_generate_with_vllm(ray_session: Any, tmp_path: Path, layout: list[str]) -> None:
+    """Two actor ranks: one in-process vLLM each (TP1 rollout), or one vLLM at TP2 across both ranks;
+    the HF export is evaluated back."""
     from entrepot.grpo import evaluate
+    from entrepot.grpo.trainer import Trainer
+    from entrepot.grpo.workers import ActorWorker, wait_all
 
     run = tmp_path / "run"
     overrides = [*LOCAL, *layout, "resources.use_ray=true", "model.init_std=0.3", "max_steps=3",
                  "eval.every=3", "checkpoint.save_every=3", "engine.max_logp_mismatch=0.001"]  # fmt: skip
-    train(load_config(None, overrides), run)
+    config = load_config(None, overrides)
+    trainer = Trainer(config, run)
+    try:
+        trainer.fit()
+        infos = wait_all([trainer.actors.call(ActorWorker.runtime_info)], 60)[0]
+    finally:
+        trainer.close()
+    assert [i["rollout_tensor_parallel"] for i in infos] == [config.parallel.infer.tensor] * 2
     rows = read_metrics(run / "metrics.jsonl")
     assert len(rows) == 3 and all(r["rollout/logp_mismatch_max"] < 1e-4 for r in rows)
     if "engine.train=megatron" in layout:

@@ -442,7 +442,13 @@ class TrainParallelConfig:
 class InferParallelConfig:
     """The rollout layout on the same ranks; weights are resharded into it every step."""
 
-    tensor: int = field(default=1, metadata=_doc("Tensor-parallel size of the rollout engine."))
+    tensor: int = field(
+        default=1,
+        metadata=_doc(
+            "Tensor-parallel size of the rollout engine: 1, or with engine.rollout=vllm and megatron the "
+            "training TP (one vLLM across the actor group; CPU, one replica, no pipeline stages)."
+        ),
+    )
     pipeline: int = field(default=1, metadata=_doc("Pipeline stages of the rollout engine (must be 1)."))
     expert: int = field(default=1, metadata=_doc("Expert-parallel size of the rollout engine (MoE only)."))
 
@@ -748,13 +754,20 @@ class GRPOConfig:
         _check(train.expert == 1, "parallel.train.expert", train.expert,
                "1: the megatron recipes here are dense models (no MoE yet)")  # fmt: skip
         _check(infer.expert == 1, "parallel.infer.expert", infer.expert, "1: dense models only (no MoE yet)")
-        _check(
-            infer.tensor == 1,
-            "parallel.infer.tensor",
-            infer.tensor,
-            f"1 with engine.rollout={engine.rollout!r} (a TP rollout needs vLLM, not wired yet)",
-        )
         world = self.resources.num_actor_workers * train.model_parallel
+        if infer.tensor > 1:
+            # one tensor-parallel vLLM spans the actor group: its ranks are the megatron TP group
+            _check(
+                engine.rollout == "vllm"
+                and engine.train == "megatron"
+                and engine.device == "cpu"
+                and world == train.tensor == infer.tensor,
+                "parallel.infer.tensor",
+                infer.tensor,
+                "1, or parallel.train.tensor with engine.rollout=vllm, engine.train=megatron, "
+                "engine.device=cpu, no pipeline stages and one actor replica (a tensor-parallel vLLM "
+                "spans the whole actor group; not run on a GPU)",
+            )
         _check(
             world == 1 or self.resources.use_ray,
             "resources.use_ray",
@@ -780,7 +793,7 @@ class GRPOConfig:
             )
 
     def _check_rollout_engine(self) -> None:
-        """vLLM runs in each actor rank's process (TP1 rollout): head sizes its CPU kernels serve."""
+        """vLLM runs in the actor ranks' processes: head sizes its CPU kernels serve."""
         if self.engine.rollout != "vllm":
             return
         model = self.model

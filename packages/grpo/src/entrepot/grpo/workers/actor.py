@@ -143,8 +143,8 @@ class ActorWorker:
                 rank=self.rank.rank, world_size=self.rank.world_size,
             )  # fmt: skip
         self.reader = DockReader(self.rank, config.resources.stage_timeout_s, group)
-        # the rollout engine holds the whole model on every rank (inference TP 1): each rank samples,
-        # from one sampling stream that every rank advances alike (see `_batch_generator`)
+        # the rollout samples from one sampling stream that every rank advances alike (see
+        # `_batch_generator`), whether each rank generates alone or a TP vLLM's ranks together
         self.policy: Policy = build_policy(config, run_dir)
         self.trainer = self.policy.trainer
         if self.rank.world_size > 1 and config.engine.train == "torch":
@@ -174,7 +174,10 @@ class ActorWorker:
         base = (
             int(torch.randint(2**62, (1,), generator=policy.generator)) if self.rank.world_size > 1 else None
         )
-        for batch in self.reader.batches(dock, "actor_rollout", ["prompts"], count, min_count=n, alone=True):
+        # TP1 rollout: every rank samples its own rows; a tensor-parallel vLLM spans the model-parallel
+        # group, whose ranks generate the same rows in lockstep and whose first rank puts them
+        alone = self.config.parallel.infer.tensor == 1
+        for batch in self.reader.batches(dock, "actor_rollout", ["prompts"], count, min_count=n, alone=alone):
             prompts = torch.split(batch.data["prompts"], batch.lengths["prompts"].tolist())
             generator = policy.generator if base is None else _batch_generator(base, batch.indexes)
             responses, logprobs = _generate(policy.engine, prompts, policy.sampling, self._pad, generator)
@@ -183,7 +186,8 @@ class ActorWorker:
             columns: dict[str, Any] = {"responses": (flat, lengths), "response_length": lengths}
             if logprobs is not None:
                 columns["rollout_log_prob"] = (logprobs, lengths)
-            dock.put(columns, batch.indexes)
+            if alone or self.rank.reads_dock:
+                dock.put(columns, batch.indexes)
             tokens += int(lengths.sum())
         t2 = time.perf_counter()
         policy.manager.exit_infer_mode()
@@ -352,13 +356,14 @@ class ActorWorker:
         return {n: p.grad.detach().clone() for n, p in params if p.grad is not None}
 
     def runtime_info(self) -> dict[str, Any]:
-        """Thread settings as this process sees them (tests check the Ray workers)."""
+        """Thread settings and the rollout engine as this process sees them (tests check the Ray workers)."""
         import os
 
         return {
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "torch_threads": torch.get_num_threads(),
             "pid": os.getpid(),
+            "rollout_tensor_parallel": getattr(self.policy.engine, "tensor_parallel", 1),
         }
 
     def shutdown(self) -> None:
