@@ -71,7 +71,11 @@ def test_train_writes_config_metrics_plot_and_checkpoint(
     assert (run_dir / "checkpoints" / "step_000004" / "model.safetensors").is_file()
     assert "max_steps: 4" in (run_dir / "config.yaml").read_text()
     assert "GRPO run summary" in done.stdout
+    assert "starting 1 actor rank(s) + 1 reward worker(s) on Ray" in done.stdout  # start-up as it happens
+    assert "started in " in done.stdout
+    assert "start-up (this invocation)" in done.stdout
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["time/startup"] > 0 and all("time/startup" not in r for r in records[1:])
     assert all("reward_mean" in r and "kl" in r for r in records)
     assert "accuracy" in records[1] and "accuracy" in records[3]  # eval.every=2
 

@@ -133,3 +133,19 @@ def test_offloading_while_generating_changes_nothing(tmp_path: Path) -> None:
         finally:
             trainer.close()
     assert all(torch.equal(params[0][k], params[1][k]) for k in params[0])
+
+
+def test_startup_is_reported_as_it_happens_and_timed_apart_from_step_one(tmp_path: Path) -> None:
+    overrides = [*SMALL, "max_steps=2", "checkpoint.save_every=1", "eval.every=0", "resources.use_ray=false",
+                 "rollout.prompts_per_step=4"]  # fmt: skip
+    config = load_config(None, overrides)
+    lines: list[str] = []
+    first = train(config, tmp_path, on_startup=lines.append)
+    assert lines[0] == "starting 1 actor rank(s) + 1 reward worker(s) in this process"
+    assert lines[-1].startswith("started in")
+    assert first.history[0]["time/startup"] > 0 and "time/startup" not in first.history[1]
+    lines.clear()
+    more = load_config(None, [*overrides, "max_steps=3"])
+    resumed = train(more, tmp_path, resume=True, on_startup=lines.append)
+    assert "restoring the newest checkpoint" in lines  # the resumed session times its own start-up
+    assert [r["step"] for r in resumed.history] == [3] and resumed.history[0]["time/startup"] > 0

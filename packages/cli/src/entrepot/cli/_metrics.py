@@ -19,6 +19,7 @@ TRAIN_ACCURACY = "train_accuracy"  # share of sampled responses that were correc
 KL = "kl"
 TOKENS_PER_S = "tokens_per_s"
 STEP_TIME = "time/step"
+STARTUP = "time/startup"  # the first step of each session: workers started, models built, state restored
 # engine.rollout=vllm: mean / max |log p_rollout - log p_train| of the sampled tokens (weight-sync health)
 LOGP_MISMATCH_MEAN = "rollout/logp_mismatch_mean"
 LOGP_MISMATCH_MAX = "rollout/logp_mismatch_max"
@@ -79,7 +80,7 @@ def number(record: Mapping[str, Any], key: str) -> float | None:
 
 def stage_times(record: Mapping[str, Any]) -> dict[str, float]:
     """Seconds per stage of one step (`time/<stage>` keys), without the totals."""
-    skip = {ELAPSED, STEP_TIME, EVAL_TIME}
+    skip = {ELAPSED, STEP_TIME, EVAL_TIME, STARTUP}
     return {
         key.removeprefix(STAGE_PREFIX): float(value)
         for key, value in record.items()

@@ -75,6 +75,8 @@ def print_summary(
         "training time (all steps)",
         f"{m.with_elapsed(list(records))[-1][m.ELAPSED]:.1f} s" if records else "-",
     )
+    startup = m.number(result.history[0], m.STARTUP) if result.history else None
+    table.add_row("start-up (this invocation)", "-" if startup is None else f"{startup:.1f} s")
     table.add_row("wall time (this invocation)", f"{wall_seconds:.1f} s")
     table.add_row("run directory", escape(str(run_dir)))
     table.add_row("checkpoint", escape(str(result.checkpoint)) if result.checkpoint else "-")

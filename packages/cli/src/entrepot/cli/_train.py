@@ -68,6 +68,9 @@ def run_training(request: TrainRequest) -> int:
     interrupt = StepBoundaryInterrupt(lambda text: console.print(f"[yellow]{text}[/]"))
     display = None if request.quiet else TrainDisplay(config.max_steps, done_before, console)
 
+    def on_startup(line: str) -> None:  # printed above the live display, and in -q mode
+        console.print(f"[dim]{escape(line)}[/]")
+
     def on_step(metrics: dict[str, Any]) -> None:
         if display is not None:
             display.update(metrics)
@@ -75,7 +78,9 @@ def run_training(request: TrainRequest) -> int:
 
     try:
         with interrupt, display or contextlib.nullcontext():
-            result = train(config, run_dir, resume=request.resume is not None, on_step=on_step)
+            result = train(
+                config, run_dir, resume=request.resume is not None, on_step=on_step, on_startup=on_startup
+            )
     except KeyboardInterrupt:
         console.print("[yellow]interrupted before a checkpoint could be written[/]")
         return INTERRUPTED_EXIT_CODE

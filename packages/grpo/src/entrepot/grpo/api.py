@@ -34,6 +34,7 @@ def train(
     *,
     resume: bool = False,
     on_step: Callable[[dict[str, Any]], None] | None = None,
+    on_startup: Callable[[str], None] | None = None,
 ) -> TrainResult:
     """Train `config` with the full system (dock + workers), writing into `run_dir`.
 
@@ -42,6 +43,7 @@ def train(
         run_dir: receives config.yaml, metrics.jsonl, checkpoints/.
         resume: continue from the newest checkpoint in `run_dir`.
         on_step: called with each step's metrics dict (e.g. for a live display).
+        on_startup: called with a line for each start-up phase as it begins.
 
     Returns:
         TrainResult; on Ctrl-C a checkpoint is written and the result has ``interrupted=True``.
@@ -55,7 +57,7 @@ def train(
     run.mkdir(parents=True, exist_ok=True)
     dump_yaml(config, run / "config.yaml")
     start = time.perf_counter()
-    trainer = Trainer(config, run, resume=resume)
+    trainer = Trainer(config, run, resume=resume, on_startup=on_startup)
     interrupted = False
     try:
         trainer.fit(on_step=on_step)

@@ -44,14 +44,28 @@ class Trainer:
         config: the run configuration.
         run_dir: where metrics.jsonl, config.yaml and checkpoints go (created if missing).
         resume: continue from the newest checkpoint in `run_dir`.
+        on_startup: called with a line for each start-up phase as it begins (a display shows them).
+
+    Start-up (workers started, models built, checkpoint restored) is timed on its own: the first
+    step of a session reports it as ``time/startup`` and its ``time/step`` excludes it.
     """
 
-    def __init__(self, config: GRPOConfig, run_dir: str | Path, *, resume: bool = False) -> None:
+    def __init__(
+        self, config: GRPOConfig, run_dir: str | Path, *, resume: bool = False,
+        on_startup: Callable[[str], None] | None = None,
+    ) -> None:  # fmt: skip
+        started = time.perf_counter()
+        say = on_startup or (lambda line: None)
         self.config = config
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         configure_threads(config.threads)
-        self.cluster = launch(config, str(self.run_dir))
+        where = "on Ray" if config.resources.use_ray else "in this process"
+        ranks = config.resources.num_actor_workers * config.parallel.train.model_parallel
+        rewarders = config.resources.num_reward_workers
+        say(f"starting {ranks} actor rank(s) + {rewarders} reward worker(s) {where}")
+        self.cluster = launch(config, str(self.run_dir))  # Ray (when used) and the dock; workers start
+        launched = time.perf_counter()
         self.dock = self.cluster.dock
         self.actors, self.rewards = self.cluster.actors, self.cluster.rewards
         self.setup = build_task(config, self._tokenizer())
@@ -60,8 +74,21 @@ class Trainer:
         self.history: list[dict[str, Any]] = []  # this session's steps (kept when interrupted)
         self.metrics = MetricsWriter(self.run_dir, config.logging)
         self._dock_totals: dict[str, float] = {}
-        if resume:
-            self._resume()
+        try:
+            self._wait([self.actors.call(ActorWorker.ready), self.rewards.call(RewardWorker.ready)])
+            ready = time.perf_counter()
+            if resume:
+                say("restoring the newest checkpoint")
+                self._resume()
+        except BaseException:
+            self.close()  # a worker that failed to start (or a bad checkpoint) leaves no workers behind
+            raise
+        self.startup_s = time.perf_counter() - started
+        if config.resources.use_ray:  # workers start in their own processes while Ray hands them over
+            phases = f"Ray and the dock {launched - started:.1f} s, workers ready {ready - launched:.1f} s"
+        else:
+            phases = f"dock and workers built {ready - started:.1f} s"
+        say(f"started in {self.startup_s:.1f} s ({phases})")
 
     def _tokenizer(self) -> Any:
         if self.config.model.path is None:
@@ -170,6 +197,8 @@ class Trainer:
             metrics["response_length_max"] = float(stats.data["response_length"].max())
         metrics.update(merge_rank_metrics(stage_stats, update_stats))
         metrics["tokens_per_s"] = metrics.get("rollout_tokens", 0.0) / step_time
+        if not self.history:  # this session's first step: its start-up, timed apart from the step
+            metrics["time/startup"] = self.startup_s
         if (cfg.eval.every and self.step % cfg.eval.every == 0) or self.step == cfg.max_steps:
             t_eval = time.perf_counter()
             metrics.update(self._wait([self.actors.call(ActorWorker.evaluate)])[0][0])

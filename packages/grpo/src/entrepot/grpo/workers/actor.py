@@ -162,6 +162,10 @@ class ActorWorker:
 
     # -- stages ---------------------------------------------------------------------------------
 
+    def ready(self) -> bool:
+        """Nothing: answering at all means the worker finished starting (Ray queues calls until then)."""
+        return True
+
     @stage("actor_rollout")
     def rollout(self, dock: DockClient, count: int) -> dict[str, float]:
         """Reshard into the engine, generate responses (`count` rows a get), put them in the dock."""

@@ -49,6 +49,10 @@ class RewardWorker:
             tokenizer = AutoTokenizer.from_pretrained(config.model.path, local_files_only=True)
         self.tokenizer = build_task(config, tokenizer).tokenizer
 
+    def ready(self) -> bool:
+        """Nothing: answering at all means the worker finished starting (Ray queues calls until then)."""
+        return True
+
     @stage("rule_reward")
     def score(self, dock: DockClient, count: int) -> dict[str, float]:
         """Score unscored responses, up to `count` rows at a time; put `rm_scores` and `accuracy`."""
