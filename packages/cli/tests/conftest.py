@@ -1,7 +1,8 @@
-"""Shared fixtures: a CliRunner and the shipped configs folder."""
+"""Shared fixtures: a CliRunner, the shipped configs folder, a tiny local model and prompt file."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -18,3 +19,34 @@ def runner() -> CliRunner:
 @pytest.fixture
 def configs_dir() -> Path:
     return CONFIGS
+
+
+WORDS = ["what", "is", "12", "+", "30", "?", "answer", "after", "####", "42", "user", ":"]
+
+
+def _tiny_model_dir(path: Path) -> Path:
+    """A tiny GPT-2 with a word-level tokenizer and a chat template, saved under `path` (no downloads)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
+    tokenizer.chat_template = "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
+    tokenizer.save_pretrained(path)
+    config = GPT2Config(vocab_size=len(vocab), n_positions=512, n_embd=16, n_layer=1, n_head=2)
+    GPT2LMHeadModel(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def local_model_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(model directory, jsonl prompt file) for the shipped local-HF config's model.path and data paths."""
+    root = tmp_path_factory.mktemp("local")
+    data = root / "train.jsonl"
+    record = {"question": "what is 12 + 30 ? answer after ####", "answer": "42"}
+    data.write_text("\n".join(json.dumps(record) for _ in range(8)) + "\n")
+    return _tiny_model_dir(root / "my-small-lm"), data

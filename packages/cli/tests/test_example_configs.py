@@ -42,31 +42,10 @@ RUN_BY = {
     ),
 }
 
-WORDS = ["what", "is", "12", "+", "30", "?", "answer", "after", "####", "42", "user", ":"]
-
-
-def _tiny_model_dir(path: Path) -> Path:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
-    )
-    tokenizer.chat_template = "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
-    tokenizer.save_pretrained(path)
-    config = GPT2Config(vocab_size=len(vocab), n_positions=64, n_embd=16, n_layer=1, n_head=2)
-    GPT2LMHeadModel(config).save_pretrained(path)
-    return path
-
-
-def test_local_hf_jsonl_config_trains_on_cpu(runner: CliRunner, configs_dir: Path, tmp_path: Path) -> None:
-    model = _tiny_model_dir(tmp_path / "my-small-lm")
-    data = tmp_path / "train.jsonl"
-    record = {"question": "what is 12 + 30 ? answer after ####", "answer": "42"}
-    data.write_text("\n".join(json.dumps(record) for _ in range(8)) + "\n")
+def test_local_hf_jsonl_config_trains_on_cpu(
+    runner: CliRunner, configs_dir: Path, tmp_path: Path, local_model_files: tuple[Path, Path]
+) -> None:
+    model, data = local_model_files
     args = ["grpo", "train", "--config", str(configs_dir / "local-hf-jsonl-cpu.yaml")]
     args += ["-o", str(tmp_path / "runs"), "--max-steps", "2", "--quiet"]
     args += [f"model.path={model}", f"data.train_path={data}", f"data.eval_path={data}"]

@@ -63,14 +63,22 @@ def test_invalid_yaml_is_reported_on_one_line(runner: CliRunner, tmp_path: Path)
 
 
 @pytest.mark.parametrize("name", SHIPPED)
-def test_validate_accepts_every_shipped_config(runner: CliRunner, configs_dir: Path, name: str) -> None:
+def test_validate_accepts_every_shipped_config(
+    runner: CliRunner, configs_dir: Path, name: str, local_model_files: tuple[Path, Path]
+) -> None:
     # That each one also trains is checked by test_example_configs.py::test_every_shipped_config_is_run.
     # A GPU example is refused on a machine without CUDA (test_example_configs.py checks that); the
-    # rest of it must validate.
+    # rest of it must validate. A config naming the user's own model directory is refused until it
+    # exists, then validates with it (and with its prompt files).
     import torch
 
-    gpu_only = "device: cuda" in (configs_dir / name).read_text() and not torch.cuda.is_available()
-    overrides = ["engine.device=cpu"] if gpu_only else []
+    text = (configs_dir / name).read_text()
+    overrides = ["engine.device=cpu"] if "device: cuda" in text and not torch.cuda.is_available() else []
+    if (yaml.safe_load(text).get("model") or {}).get("path") is not None:
+        refused = runner.invoke(app, ["grpo", "config", "validate", str(configs_dir / name), *overrides])
+        assert refused.exit_code == 2 and "error: model.path (" in refused.stderr, refused.output
+        model, data = local_model_files
+        overrides += [f"model.path={model}", f"data.train_path={data}", f"data.eval_path={data}"]
     result = runner.invoke(app, ["grpo", "config", "validate", str(configs_dir / name), *overrides])
     assert result.exit_code == 0, f"{name}: {result.output}"
     assert ": ok (" in result.stdout
@@ -104,3 +112,28 @@ def test_keys_lists_dotted_keys_with_help(runner: CliRunner) -> None:
 def test_keys_shows_bracketed_types_literally(runner: CliRunner) -> None:
     result = runner.invoke(app, ["grpo", "config", "keys", "algorithm"], env={"COLUMNS": "200"})
     assert "tuple[float, float]" in result.stdout  # not eaten as rich markup
+
+
+def _not_a_model(tmp_path: Path) -> Path:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text('{"model_type": "gpt2"}')  # a config, no tokenizer
+    return tmp_path / "model"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (lambda tmp: [f"model.path={tmp}"], "must be a local HF model directory with config.json"),
+        (lambda tmp: [f"model.path={_not_a_model(tmp)}"], "): its tokenizer is empty (no tokenizer files"),
+        (lambda tmp: ["data.task=jsonl", f"data.train_path={tmp}/p.jsonl"], "model.path (None) must be a local"),
+        (lambda tmp: ["reward.custom={x: nope:f}", "reward.verifiers={x: 1}"], "cannot be imported"),
+    ],
+    ids=["not-a-directory-with-config", "no-tokenizer-files", "file-task-without-model", "custom-verifier"],
+)
+def test_validate_refuses_configs_that_cannot_start(runner: CliRunner, tmp_path: Path, overrides, expected) -> None:  # type: ignore[no-untyped-def]
+    file = tmp_path / "run.yaml"
+    file.write_text("max_steps: 3\n")
+    result = runner.invoke(app, ["grpo", "config", "validate", str(file), *overrides(tmp_path)])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], result.stderr

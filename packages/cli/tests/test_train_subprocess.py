@@ -88,6 +88,17 @@ def test_eval_reads_the_checkpoint(finished_run: tuple[Path, subprocess.Complete
     assert "16" in done.stdout
 
 
+def test_a_model_path_that_is_no_model_exits_2_at_once_and_leaves_no_run_folder(tmp_path: Path) -> None:
+    started = time.perf_counter()
+    done = _rl("grpo", "train", "-q", "-o", str(tmp_path / "runs"), f"model.path={tmp_path}", timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error: model.path ({str(tmp_path)!r}) must be a local HF model directory with config.json"
+    ]
+    assert not (tmp_path / "runs").exists()
+    assert time.perf_counter() - started < 60  # refused before Ray starts (it used to take 41-58 s)
+
+
 def test_bad_yaml_key_exits_2_with_one_line(tmp_path: Path) -> None:
     config = tmp_path / "bad.yaml"
     config.write_text("algorithm:\n  kl_coeff: 0.1\n")

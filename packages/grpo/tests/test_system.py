@@ -149,3 +149,14 @@ def test_startup_is_reported_as_it_happens_and_timed_apart_from_step_one(tmp_pat
     resumed = train(more, tmp_path, resume=True, on_startup=lines.append)
     assert "restoring the newest checkpoint" in lines  # the resumed session times its own start-up
     assert [r["step"] for r in resumed.history] == [3] and resumed.history[0]["time/startup"] > 0
+
+
+def test_a_worker_that_fails_to_start_on_ray_raises_its_own_error(ray_session, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from entrepot.grpo.errors import RewardError
+    from entrepot.grpo.trainer import Trainer
+
+    # the driver-side check is skipped (Trainer, not train): a verifier importable only in the
+    # driver fails the same way inside the reward worker
+    bad = ["reward.custom={mine: no_such_module:score}", "reward.verifiers={mine: 1.0}"]
+    with pytest.raises(RewardError, match=r"^reward\.custom\.mine \('no_such_module:score'\) cannot be imported"):
+        Trainer(load_config(None, [*SMALL, *bad]), tmp_path / "run")

@@ -46,13 +46,15 @@ def validate(
     path: Annotated[Path, typer.Argument(help="YAML file to check.", show_default=False)],
     overrides: OverridesArgument = None,
 ) -> None:
-    """Check a configuration without running it: keys, types, values, combinations, and this machine."""
+    """Check a configuration without running it: keys, types, values, combinations, this machine, and
+    the inputs (the model directory's config and tokenizer, every prompt of the prompt files)."""
     from entrepot.grpo.config import load_config
-    from entrepot.grpo.preflight import check_machine
+    from entrepot.grpo.preflight import check_inputs, check_machine
 
     with user_errors():
         resolved = load_config(path, overrides or [])
         check_machine(resolved)
+        check_inputs(resolved, every_prompt=True)
     typer.echo(
         f"{path}: ok ({resolved.max_steps} steps, {resolved.rollout.prompts_per_step} prompts x "
         f"{resolved.rollout.n_samples_per_prompt} samples, task {resolved.data.task})"

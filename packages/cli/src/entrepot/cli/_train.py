@@ -1,13 +1,14 @@
 """What `rl grpo train` and `rl grpo eval` do, kept out of the Typer signatures.
 
 Order of work: resolve and validate the config first (nothing is created for a bad config), then
-create the run directory, train with the live display fed by `on_step` (entrepot.grpo.train writes
+create the run directory (removed again if the run fails or is stopped before its first step), train with the live display fed by `on_step` (entrepot.grpo.train writes
 config.yaml, metrics.jsonl and the checkpoints), and finally write the plot and print the summary.
 """
 
 from __future__ import annotations
 
 import contextlib
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ def run_training(request: TrainRequest) -> int:
     from rich.markup import escape
 
     from entrepot.grpo.config import load_config
+    from entrepot.grpo.preflight import check_inputs, check_machine
 
     console = Console()
     if request.resume is not None:
@@ -49,6 +51,8 @@ def run_training(request: TrainRequest) -> int:
         run_dir = request.resume
     else:
         config = load_config(request.config, request.overrides)
+        check_machine(config)  # train() checks again; here so that a bad start creates no folder
+        check_inputs(config)
         run_dir = new_run_dir(request.output_dir, config.name)
     console.print(f"run directory: [bold]{escape(str(run_dir))}[/]")
 
@@ -81,7 +85,11 @@ def run_training(request: TrainRequest) -> int:
             result = train(
                 config, run_dir, resume=request.resume is not None, on_step=on_step, on_startup=on_startup
             )
-    except KeyboardInterrupt:
+    except BaseException as exc:
+        if request.resume is None and not m.read_metrics(metrics_path):  # nothing trained: leave no folder
+            shutil.rmtree(run_dir, ignore_errors=True)
+        if not isinstance(exc, KeyboardInterrupt):
+            raise
         console.print("[yellow]interrupted before a checkpoint could be written[/]")
         return INTERRUPTED_EXIT_CODE
     console.print()

@@ -639,8 +639,12 @@ class LoggingConfig:
     metrics_file: str = field(
         default="metrics.jsonl", metadata=_doc("JSON-lines metrics file inside the run directory.")
     )
-    tensorboard: bool = field(
-        default=True, metadata=_doc("Also write TensorBoard scalars when tensorboard is installed.")
+    tensorboard: bool | None = field(
+        default=None,
+        metadata=_doc(
+            "Also write TensorBoard scalars: true (tensorboard must be installed), false, or null "
+            "(when it is installed)."
+        ),
     )
 
 
@@ -692,6 +696,12 @@ class GRPOConfig:
         _check(bool(self.name) and "/" not in self.name, "name", self.name, "a non-empty name without '/'")
         _check(
             bool(self.reward.verifiers), "reward.verifiers", self.reward.verifiers, "at least one verifier"
+        )
+        _check(
+            self.model.path is not None or self.data.task in ("reverse", "addition"),
+            "model.path",
+            None,
+            f"a local HF model directory when data.task={self.data.task!r} (file prompts need its tokenizer)",
         )
         self._check_batches()
         self._check_workers()

@@ -49,10 +49,11 @@ def train(
         TrainResult; on Ctrl-C a checkpoint is written and the result has ``interrupted=True``.
     """
     from entrepot.grpo import checkpoint as ckpt
-    from entrepot.grpo.preflight import check_machine
+    from entrepot.grpo.preflight import check_inputs, check_machine
     from entrepot.grpo.trainer import Trainer
 
     check_machine(config)
+    check_inputs(config)
     run = Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
     dump_yaml(config, run / "config.yaml")

@@ -91,6 +91,10 @@ class FileDataset:
     def held_out(self, count: int) -> list[Sample]:
         return self._held_out[:count]
 
+    def samples(self) -> list[Sample]:
+        """Every training and held-out sample (what a deep validation encodes)."""
+        return [*self.train, *self._held_out]
+
 
 @dataclass
 class TaskSetup:

@@ -21,7 +21,7 @@ from entrepot.grpo.errors import DataError
 if TYPE_CHECKING:
     from entrepot.grpo.config import ModelConfig
 
-__all__ = ["build_hf_config", "build_model", "load_pretrained"]
+__all__ = ["build_hf_config", "build_model", "load_model_config", "load_pretrained", "load_tokenizer"]
 
 
 def build_hf_config(config: ModelConfig, vocab_size: int, *, pad_token_id: int, eos_token_id: int) -> Any:
@@ -76,17 +76,54 @@ def build_model(
     return AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager")
 
 
-def load_pretrained(path: str | Path) -> tuple[torch.nn.Module, Any]:
-    """Load a causal LM and its tokenizer from a local HF model directory (never from the hub)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def _model_directory(path: str | Path) -> Path:
     directory = Path(path)
     if not (directory / "config.json").is_file():
         raise DataError(
             f"model.path ({str(directory)!r}) must be a local HF model directory with config.json"
         )
-    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch.float32)
+    return directory
+
+
+def _load_failed(directory: Path, what: str, exc: Exception) -> DataError:
+    reason = " ".join(str(exc).split()) or type(exc).__name__
+    return DataError(f"model.path ({str(directory)!r}): its {what} does not load: {reason}")
+
+
+def load_model_config(path: str | Path) -> Any:
+    """The HF config of a local model directory; a `DataError` naming model.path when it will not load."""
+    from transformers import AutoConfig
+
+    directory = _model_directory(path)
+    try:
+        return AutoConfig.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise _load_failed(directory, "config.json", exc) from None
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """The tokenizer of a local model directory (pad = EOS when it has none); a `DataError` if it fails."""
+    from transformers import AutoTokenizer
+
+    directory = _model_directory(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError, TypeError) as exc:
+        raise _load_failed(directory, "tokenizer", exc) from None
+    if len(tokenizer) < 2:  # transformers builds an empty tokenizer for a directory without its files
+        raise DataError(
+            f"model.path ({str(directory)!r}): its tokenizer is empty (no tokenizer files such as "
+            "tokenizer.json or vocab.json in the directory)"
+        )
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_pretrained(path: str | Path) -> tuple[torch.nn.Module, Any]:
+    """Load a causal LM and its tokenizer from a local HF model directory (never from the hub)."""
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = load_tokenizer(path)
+    model = AutoModelForCausalLM.from_pretrained(Path(path), local_files_only=True, dtype=torch.float32)
     return model, tokenizer

@@ -1,24 +1,32 @@
-"""Checks of a config against this machine: devices and optional extras, before any worker starts.
+"""Checks of a config against this machine and its files, before any worker starts.
 
 `GRPOConfig` validation is pure (the same answer on every machine); whether the configured device
-exists and whether an engine's extra is installed depends on where the run starts. `train` and
-`rl grpo config validate` call `check_machine`, so a config this machine cannot run is refused
-with the key and the reason rather than failing inside a worker.
+exists, an engine's extra is installed, the model directory loads and the prompt files parse
+depends on where the run starts. `train` and `rl grpo config validate` call these, so a config
+that cannot start is refused with the key and the reason rather than failing inside a worker.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
+from typing import Any
 
 from entrepot.grpo.config import GRPOConfig
-from entrepot.grpo.errors import GRPOConfigError
+from entrepot.grpo.errors import DataError, GRPOConfigError
 
-__all__ = ["check_machine"]
+__all__ = ["check_inputs", "check_machine"]
 
 
 def check_machine(config: GRPOConfig) -> None:
     """Raise `GRPOConfigError` (naming the key) if this machine cannot run `config`."""
     _check_device(config)
+    _check_cpus(config)
+    if config.logging.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise GRPOConfigError(
+            "logging.tensorboard (true) needs tensorboard, which is not installed: pip install tensorboard "
+            "(or logging.tensorboard=null to write it only when installed)"
+        )
     if config.engine.train == "megatron" and importlib.util.find_spec("megatron.core") is None:
         raise GRPOConfigError(
             "engine.train ('megatron') needs megatron-core, which is not installed: "
@@ -52,4 +60,82 @@ def _check_device(config: GRPOConfig) -> None:
     elif kind == "npu" and importlib.util.find_spec("torch_npu") is None:
         raise GRPOConfigError(
             f"engine.device ({config.engine.device!r}) needs torch_npu (Ascend), which is not installed"
+        )
+
+
+def _check_cpus(config: GRPOConfig) -> None:
+    """A local Ray cluster has this machine's CPUs: every worker's reserved share must fit in them."""
+    resources = config.resources
+    if not resources.use_ray or resources.ray_address is not None:
+        return
+    workers = resources.num_actor_workers * config.parallel.train.model_parallel + resources.num_reward_workers
+    needed, have = workers * resources.num_cpus_per_worker, len(os.sched_getaffinity(0))
+    if needed > have:
+        raise GRPOConfigError(
+            f"resources.num_cpus_per_worker ({resources.num_cpus_per_worker:g}): {workers} workers reserve "
+            f"{needed:g} CPUs and this machine has {have} (fractional shares co-locate, e.g. 0.01)"
+        )
+
+
+def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
+    """Raise `DataError` / `GRPOConfigError` / `RewardError` if the verifiers, the model directory or
+    the prompt files cannot be used.
+
+    Imports the custom verifiers, loads the model directory's config and tokenizer (not its weights), checks its shape against
+    the parallel layout and the longest sequence, and reads the prompt files. With `every_prompt`
+    (``rl grpo config validate``) every prompt is also encoded, so one too long for
+    ``data.max_prompt_tokens`` is found before a run, not at the step that draws it.
+    """
+    from entrepot.grpo import rewards
+
+    rewards.resolve_custom(config.reward.custom)  # user verifiers import here, as in the reward workers
+    for name in config.reward.verifiers:
+        rewards.get_verifier(name)
+    tokenizer = None
+    if config.model.path is not None:
+        from entrepot.grpo.model import load_model_config, load_tokenizer
+
+        hf_config = load_model_config(config.model.path)
+        _check_model_shape(config, hf_config)
+        tokenizer = load_tokenizer(config.model.path)
+        vocab = getattr(hf_config, "vocab_size", None)
+        if vocab is not None and len(tokenizer) > vocab:
+            raise DataError(
+                f"model.path ({config.model.path!r}): its tokenizer has {len(tokenizer)} tokens and the "
+                f"model's embedding only {vocab} (a tokenizer from another model?)"
+            )
+    if config.data.task not in ("jsonl", "parquet"):
+        return
+    from entrepot.grpo.data import FileDataset, build_task, encode_prompt
+
+    setup = build_task(config, tokenizer)  # reads and checks both prompt files
+    if every_prompt:
+        assert isinstance(setup.source, FileDataset)  # data.task is jsonl or parquet
+        for sample in setup.source.samples():
+            encode_prompt(setup, sample.prompt, config.data.max_prompt_tokens)
+
+
+def _check_model_shape(config: GRPOConfig, hf_config: Any) -> None:
+    """A local model's heads, layers and positions against the parallel layout and the longest sequence."""
+    path, train = config.model.path, config.parallel.train
+    heads = getattr(hf_config, "num_attention_heads", None)
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    if heads is not None and (heads % train.tensor or kv_heads % train.tensor):
+        raise GRPOConfigError(
+            f"parallel.train.tensor ({train.tensor}) must divide the attention heads ({heads}) and "
+            f"key/value heads ({kv_heads}) of model.path ({path!r})"
+        )
+    layers = getattr(hf_config, "num_hidden_layers", None)
+    stages = train.pipeline * (train.virtual_pipeline or 1)
+    if layers is not None and layers % stages:
+        raise GRPOConfigError(
+            f"parallel.train.pipeline x virtual_pipeline ({stages}) must divide the {layers} layers of "
+            f"model.path ({path!r})"
+        )
+    positions = getattr(hf_config, "max_position_embeddings", None)
+    longest = config.longest_sequence()
+    if positions is not None and positions < longest:
+        raise DataError(
+            f"model.path ({path!r}) holds {positions} positions, fewer than the longest prompt + response "
+            f"this config allows ({longest}); lower data.max_prompt_tokens or rollout.max_new_tokens"
         )

@@ -93,9 +93,9 @@ class Trainer:
     def _tokenizer(self) -> Any:
         if self.config.model.path is None:
             return None
-        from transformers import AutoTokenizer
+        from entrepot.grpo.model import load_tokenizer
 
-        return AutoTokenizer.from_pretrained(self.config.model.path, local_files_only=True)
+        return load_tokenizer(self.config.model.path)
 
     # -- running stages -------------------------------------------------------------------------
 

@@ -62,7 +62,7 @@ class RayWorkerGroup(Generic[W]):
                 f"{_PLACEMENT_TIMEOUT_S:.0f} s; the cluster has {ray.available_resources()} free "
                 "(lower resources.num_cpus_per_worker or the worker count)"
             ) from None
-        remote = ray.remote(cls)
+        remote = ray.remote(_keep_start_error(cls))
         self.actors = [
             remote.options(
                 num_cpus=num_cpus,
@@ -88,6 +88,31 @@ class RayWorkerGroup(Generic[W]):
             ray.kill(actor)
         self.actors.clear()
         remove_placement_group(self._group)
+
+
+def _keep_start_error(cls: type[W]) -> type[W]:
+    """`cls` whose constructor error is kept and raised by `ready()` rather than killing the actor.
+
+    Ray reports an actor whose ``__init__`` raised as a dead actor with the error flattened into
+    text; raised from a method call, the worker's own exception (a `DataError` naming the key)
+    reaches the driver intact. The trainer calls ``ready`` on every worker before anything else.
+    """
+
+    class StartErrorKept(cls):  # type: ignore[valid-type, misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self._start_error: Exception | None = None
+            try:
+                super().__init__(*args, **kwargs)
+            except Exception as exc:
+                self._start_error = exc
+
+        def ready(self) -> Any:
+            if self._start_error is not None:
+                raise self._start_error
+            return super().ready()
+
+    StartErrorKept.__name__ = StartErrorKept.__qualname__ = cls.__name__
+    return StartErrorKept
 
 
 def is_ref(handle: Any) -> bool:

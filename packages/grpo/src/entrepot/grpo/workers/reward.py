@@ -44,9 +44,9 @@ class RewardWorker:
         rewards.resolve_custom(config.reward.custom)
         tokenizer = None
         if config.model.path is not None:
-            from transformers import AutoTokenizer
+            from entrepot.grpo.model import load_tokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(config.model.path, local_files_only=True)
+            tokenizer = load_tokenizer(config.model.path)
         self.tokenizer = build_task(config, tokenizer).tokenizer
 
     def ready(self) -> bool:
