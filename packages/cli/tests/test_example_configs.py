@@ -42,6 +42,7 @@ RUN_BY = {
     ),
 }
 
+
 def test_local_hf_jsonl_config_trains_on_cpu(
     runner: CliRunner, configs_dir: Path, tmp_path: Path, local_model_files: tuple[Path, Path]
 ) -> None:

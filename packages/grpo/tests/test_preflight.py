@@ -39,7 +39,7 @@ def test_a_directory_without_a_model_is_refused_naming_model_path(tmp_path: Path
         check_inputs(load_config(None, [f"model.path={tmp_path}"]))
 
 
-def test_a_tokenizer_that_does_not_load_is_one_line_naming_model_path(model_dir: Path, tmp_path: Path) -> None:
+def test_a_broken_tokenizer_is_one_line_naming_model_path(model_dir: Path, tmp_path: Path) -> None:
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text((model_dir / "config.json").read_text())
@@ -64,7 +64,7 @@ def test_every_prompt_is_encoded_only_when_asked(model_dir: Path, tmp_path: Path
 
 def test_the_model_shape_is_checked_against_layout_and_sequence_length(model_dir: Path) -> None:
     megatron_tp4 = [f"model.path={model_dir}", "engine.train=megatron", "parallel.train.tensor=4"]
-    with pytest.raises(GRPOConfigError, match=r"^parallel\.train\.tensor \(4\) must divide the attention heads"):
+    with pytest.raises(GRPOConfigError, match=r"^parallel\.train\.tensor \(4\) must divide the attention"):
         check_inputs(load_config(None, megatron_tp4))
     pp2 = [f"model.path={model_dir}", "engine.train=megatron", "parallel.train.pipeline=2"]
     with pytest.raises(GRPOConfigError, match=r"pipeline x virtual_pipeline \(2\) must divide the 1 layers"):
@@ -75,7 +75,7 @@ def test_the_model_shape_is_checked_against_layout_and_sequence_length(model_dir
 
 def test_a_custom_verifier_that_does_not_import_is_refused() -> None:
     config = load_config(None, ["reward.custom={nope: no_such_module:score}", "reward.verifiers={nope: 1.0}"])
-    with pytest.raises(RewardError, match=r"^reward\.custom\.nope \('no_such_module:score'\) cannot be imported"):
+    with pytest.raises(RewardError, match=r"^reward\.custom\.nope \('no_such_module:score'\) cannot be"):
         check_inputs(config)
 
 
@@ -84,7 +84,7 @@ def test_machine_checks_cover_tensorboard_and_cpus() -> None:
         with pytest.raises(GRPOConfigError, match=r"^logging\.tensorboard \(true\) needs tensorboard"):
             check_machine(load_config(None, ["logging.tensorboard=true"]))
     check_machine(load_config(None, []))  # the default: TensorBoard only when installed
-    with pytest.raises(GRPOConfigError, match=r"^resources\.num_cpus_per_worker \(64\): 2 workers reserve 128"):
+    with pytest.raises(GRPOConfigError, match=r"^resources\.num_cpus_per_worker \(64\): 2 workers reserve"):
         check_machine(load_config(None, ["resources.num_cpus_per_worker=64"]))
 
 

@@ -1,8 +1,9 @@
 """What `rl grpo train` and `rl grpo eval` do, kept out of the Typer signatures.
 
-Order of work: resolve and validate the config first (nothing is created for a bad config), then
-create the run directory (removed again if the run fails or is stopped before its first step), train with the live display fed by `on_step` (entrepot.grpo.train writes
-config.yaml, metrics.jsonl and the checkpoints), and finally write the plot and print the summary.
+Order of work: resolve and check the config and its inputs first (nothing is created for a bad
+config), then create the run directory (removed again if the run fails or is stopped before its
+first step), train with the live display fed by `on_step` (entrepot.grpo.train writes config.yaml,
+metrics.jsonl and the checkpoints), and finally write the plot and print the summary.
 """
 
 from __future__ import annotations

@@ -68,7 +68,8 @@ def _check_cpus(config: GRPOConfig) -> None:
     resources = config.resources
     if not resources.use_ray or resources.ray_address is not None:
         return
-    workers = resources.num_actor_workers * config.parallel.train.model_parallel + resources.num_reward_workers
+    actor_ranks = resources.num_actor_workers * config.parallel.train.model_parallel
+    workers = actor_ranks + resources.num_reward_workers
     needed, have = workers * resources.num_cpus_per_worker, len(os.sched_getaffinity(0))
     if needed > have:
         raise GRPOConfigError(
@@ -81,8 +82,9 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
     """Raise `DataError` / `GRPOConfigError` / `RewardError` if the verifiers, the model directory or
     the prompt files cannot be used.
 
-    Imports the custom verifiers, loads the model directory's config and tokenizer (not its weights), checks its shape against
-    the parallel layout and the longest sequence, and reads the prompt files. With `every_prompt`
+    Imports the custom verifiers, loads the model directory's config and tokenizer (not its
+    weights), checks its shape against the parallel layout, the longest sequence and the tokenizer,
+    and reads the prompt files. With `every_prompt`
     (``rl grpo config validate``) every prompt is also encoded, so one too long for
     ``data.max_prompt_tokens`` is found before a run, not at the step that draws it.
     """
@@ -118,8 +120,8 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
 def _check_model_shape(config: GRPOConfig, hf_config: Any) -> None:
     """A local model's heads, layers and positions against the parallel layout and the longest sequence."""
     path, train = config.model.path, config.parallel.train
-    heads = getattr(hf_config, "num_attention_heads", None)
-    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    heads: int | None = getattr(hf_config, "num_attention_heads", None)
+    kv_heads: int = getattr(hf_config, "num_key_value_heads", None) or heads or 1
     if heads is not None and (heads % train.tensor or kv_heads % train.tensor):
         raise GRPOConfigError(
             f"parallel.train.tensor ({train.tensor}) must divide the attention heads ({heads}) and "
