@@ -1,11 +1,13 @@
-"""The `rl` app: sub-apps are registered, shell completion works, nothing heavy loads for --help."""
+"""The `rl` app: sub-apps are registered, shell completion works, nothing heavy loads for quick answers."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from entrepot.cli.app import app
@@ -20,17 +22,28 @@ def test_help_lists_the_sub_apps(runner: CliRunner) -> None:
         assert name in result.stdout
 
 
-def test_help_imports_no_heavy_package() -> None:
+HEAVY = ("torch", "ray", "transformers", "matplotlib")
+
+
+@pytest.mark.parametrize(
+    ("args", "not_loaded"),
+    [
+        (["--help"], (*HEAVY, "entrepot.grpo", "entrepot.dock", "entrepot.batching")),
+        (["batching", "plan", "-f", "missing.txt"], HEAVY),  # a missing file is said before torch loads
+        (["grpo", "config", "validate", "{configs}/default.yaml"], HEAVY),
+    ],
+    ids=["help", "batching-plan-missing-file", "validate"],
+)
+def test_quick_answers_import_no_heavy_package(args: list[str], not_loaded: tuple[str, ...]) -> None:
+    argv = [a.format(configs=Path(__file__).resolve().parents[1] / "configs") for a in args]
     probe = (
-        "import sys; sys.argv = ['rl', '--help']\n"
+        f"import sys; sys.argv = ['rl', *{argv!r}]\n"
         "from entrepot.cli.app import main\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
-        "heavy = [m for m in ('torch', 'ray', 'transformers', 'matplotlib', 'entrepot.grpo', 'entrepot.dock',"
-        " 'entrepot.batching') if m in sys.modules]\n"
-        "print('HEAVY', heavy)"
+        f"print('HEAVY', [m for m in {not_loaded!r} if m in sys.modules])"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert "HEAVY []" in done.stdout
+    assert "HEAVY []" in done.stdout, done.stdout + done.stderr
 
 
 def test_shell_completion_completes_sub_commands() -> None:

@@ -48,16 +48,18 @@ def plan(
     ] = False,
 ) -> None:
     """Split lengths across DP ranks (Karmarkar-Karp), then into micro-batches under a token budget."""
-    from entrepot.batching import BatchingError
-    from entrepot.cli._batching_plan import PlanRequest, compute_plan, render_plan
     from entrepot.cli._lengths import generate_lengths, read_lengths
 
-    with user_errors(BatchingError):
+    with user_errors():  # before torch loads (with entrepot.batching): a missing file is said at once
         lengths = (
             read_lengths(lengths_file)
             if lengths_file is not None
             else generate_lengths(distribution, count, mean_length, min_length, max_length, seed)
         )
+    from entrepot.batching import BatchingError
+    from entrepot.cli._batching_plan import PlanRequest, compute_plan, render_plan
+
+    with user_errors(BatchingError):
         request = PlanRequest(
             budget=budget,
             max_micro_batch_size=max_micro_batch_size,

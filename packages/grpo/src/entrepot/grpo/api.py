@@ -48,17 +48,23 @@ def train(
     Returns:
         TrainResult; on Ctrl-C a checkpoint is written and the result has ``interrupted=True``.
     """
-    from entrepot.grpo import checkpoint as ckpt
     from entrepot.grpo.preflight import check_inputs, check_machine
-    from entrepot.grpo.trainer import Trainer
+    from entrepot.grpo.ray_start import start_ray_while_importing
 
     check_machine(config)
     check_inputs(config)
+    start = time.perf_counter()
+    if config.resources.use_ray:  # Ray's processes boot while the trainer's modules import
+        if on_startup is not None:
+            on_startup("starting Ray and loading the trainer")
+        start_ray_while_importing(config, ["entrepot.grpo.trainer"])
+    from entrepot.grpo import checkpoint as ckpt
+    from entrepot.grpo.trainer import Trainer
+
     run = Path(run_dir)
     run.mkdir(parents=True, exist_ok=True)
     dump_yaml(config, run / "config.yaml")
-    start = time.perf_counter()
-    trainer = Trainer(config, run, resume=resume, on_startup=on_startup)
+    trainer = Trainer(config, run, resume=resume, on_startup=on_startup, started_at=start)
     interrupted = False
     try:
         trainer.fit(on_step=on_step)

@@ -45,6 +45,8 @@ class Trainer:
         run_dir: where metrics.jsonl, config.yaml and checkpoints go (created if missing).
         resume: continue from the newest checkpoint in `run_dir`.
         on_startup: called with a line for each start-up phase as it begins (a display shows them).
+        started_at: `time.perf_counter()` when the caller's part of start-up began (starting Ray,
+            importing this module); None: start-up begins here.
 
     Start-up (workers started, models built, checkpoint restored) is timed on its own: the first
     step of a session reports it as ``time/startup`` and its ``time/step`` excludes it.
@@ -52,9 +54,10 @@ class Trainer:
 
     def __init__(
         self, config: GRPOConfig, run_dir: str | Path, *, resume: bool = False,
-        on_startup: Callable[[str], None] | None = None,
+        on_startup: Callable[[str], None] | None = None, started_at: float | None = None,
     ) -> None:  # fmt: skip
-        started = time.perf_counter()
+        here = time.perf_counter()
+        started = here if started_at is None else started_at
         say = on_startup or (lambda line: None)
         self.config = config
         self.run_dir = Path(run_dir)
@@ -84,10 +87,12 @@ class Trainer:
             self.close()  # a worker that failed to start (or a bad checkpoint) leaves no workers behind
             raise
         self.startup_s = time.perf_counter() - started
+        what = "Ray and imports" if config.resources.use_ray else "imports"
+        before = f"{what} {here - started:.1f} s, " if here - started >= 0.05 else ""
         if config.resources.use_ray:  # workers start in their own processes while Ray hands them over
-            phases = f"Ray and the dock {launched - started:.1f} s, workers ready {ready - launched:.1f} s"
+            phases = f"{before}dock {launched - here:.1f} s, workers ready {ready - launched:.1f} s"
         else:
-            phases = f"dock and workers built {ready - started:.1f} s"
+            phases = f"{before}dock and workers built {ready - here:.1f} s"
         say(f"started in {self.startup_s:.1f} s ({phases})")
 
     def _tokenizer(self) -> Any:

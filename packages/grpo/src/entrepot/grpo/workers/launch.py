@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from entrepot.grpo.config import GRPOConfig
-from entrepot.grpo.threads import worker_env
+from entrepot.grpo.ray_start import start_ray
 from entrepot.grpo.workers.actor import ActorWorker
 from entrepot.grpo.workers.group import LocalWorkerGroup, RankInfo, WorkerGroup, rank_layout
 from entrepot.grpo.workers.reward import RewardWorker
@@ -66,15 +66,11 @@ def launch(config: GRPOConfig, run_dir: str | None = None) -> Cluster:
             ),
             rewards=LocalWorkerGroup("reward", lambda rank: RewardWorker(config, rank), reward_ranks),
         )
-    import ray
 
     from entrepot.dock.ray import RayDockClient
     from entrepot.grpo.workers.ray_group import RayWorkerGroup
 
-    env = worker_env(config.threads)  # reaches each worker before it imports torch
-    if not ray.is_initialized():
-        ray.init(address=resources.ray_address, runtime_env={"env_vars": env}, include_dashboard=False,
-                 logging_level="ERROR", log_to_driver=False)  # fmt: skip
+    start_ray(config)
     dock = RayDockClient.launch(GRPODock, num_cpus=0, **dock_args)
     dist_init = f"tcp://127.0.0.1:{_free_port()}" if len(actor_ranks) > 1 else ""
 
@@ -88,9 +84,7 @@ def launch(config: GRPOConfig, run_dir: str | None = None) -> Cluster:
     gpus = 1 if config.engine.device.startswith("cuda") else 0  # one GPU per actor rank
     return Cluster(
         dock=dock,
-        actors=RayWorkerGroup(
-            "actor", ActorWorker, actor_ranks, actor_args, num_cpus=cpus, env=env, num_gpus=gpus
-        ),
-        rewards=RayWorkerGroup("reward", RewardWorker, reward_ranks, reward_args, num_cpus=cpus, env=env),
+        actors=RayWorkerGroup("actor", ActorWorker, actor_ranks, actor_args, num_cpus=cpus, num_gpus=gpus),
+        rewards=RayWorkerGroup("reward", RewardWorker, reward_ranks, reward_args, num_cpus=cpus),
         ray_dock_actor=dock.actor,
     )

@@ -1,5 +1,7 @@
 """The Ray worker group: one actor per rank, one placement-group bundle per rank.
 
+Workers take their environment (thread settings) from the Ray job: `entrepot.grpo.ray_start`.
+
 Ray stays here (and in `entrepot.dock.ray`): the rest of the trainer sees `WorkerGroup` and `wait_all`.
 """
 
@@ -7,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from entrepot.grpo.errors import GRPOError, StageError
@@ -31,7 +33,6 @@ class RayWorkerGroup(Generic[W]):
         ranks: one worker per rank.
         args: the constructor arguments of one rank's worker.
         num_cpus: Ray CPUs per rank (fractional shares co-locate on a small machine).
-        env: environment variables every worker process gets before it imports anything.
         num_gpus: Ray GPUs per rank (Ray then sets CUDA_VISIBLE_DEVICES to the rank's GPU).
     """
 
@@ -43,7 +44,6 @@ class RayWorkerGroup(Generic[W]):
         args: Callable[[RankInfo], tuple[Any, ...]],
         *,
         num_cpus: float,
-        env: Mapping[str, str],
         num_gpus: float = 0,
     ) -> None:
         import ray
@@ -67,7 +67,6 @@ class RayWorkerGroup(Generic[W]):
             remote.options(
                 num_cpus=num_cpus,
                 num_gpus=num_gpus,
-                runtime_env={"env_vars": dict(env)},
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self._group, placement_group_bundle_index=rank.rank
                 ),

@@ -1,0 +1,70 @@
+"""Start the run's local Ray (or attach to a cluster) while the trainer's modules import.
+
+`ray.init` spends seconds waiting for Ray's own processes (GCS, raylet, agents) to boot, and the
+trainer spends seconds importing torch, transformers and the dock; neither needs the other.
+`start_ray_while_importing` does both at once: Ray on this thread (a Ray started from another
+thread could not reach its GCS afterwards here), the imports on a helper thread. Kept free of
+heavy imports so that it runs before torch loads.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from entrepot.grpo.threads import worker_env
+
+if TYPE_CHECKING:
+    from entrepot.grpo.config import GRPOConfig
+
+__all__ = ["joins_a_cluster", "start_ray", "start_ray_while_importing"]
+
+
+def joins_a_cluster(config: GRPOConfig) -> bool:
+    """Whether `ray.init` attaches to a running cluster (an address in the config or RAY_ADDRESS)."""
+    return config.resources.ray_address is not None or bool(os.environ.get("RAY_ADDRESS"))
+
+
+def start_ray(config: GRPOConfig) -> None:
+    """`ray.init` for the run, unless Ray is already up in this process.
+
+    Workers need the thread settings before they import torch. A local Ray started here inherits
+    them from this process's environment, and then reuses the worker processes it prestarts
+    during `ray.init`: a `runtime_env` would make Ray start fresh ones (seconds each on 2 cores).
+    On an existing cluster they travel as the job's `runtime_env`.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return
+    env = worker_env(config.threads)
+    if joins_a_cluster(config):
+        ray.init(address=config.resources.ray_address, runtime_env={"env_vars": env}, include_dashboard=False,
+                 logging_level="ERROR", log_to_driver=False)  # fmt: skip
+    else:
+        os.environ.update(env)
+        ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+
+
+def start_ray_while_importing(config: GRPOConfig, modules: Sequence[str]) -> None:
+    """`start_ray` here while a helper thread imports `modules`; an import error is raised here after."""
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            for name in modules:
+                importlib.import_module(name)
+        except BaseException as exc:  # raised on this thread below
+            errors.append(exc)
+
+    loader = threading.Thread(target=load, name="import-trainer", daemon=True)
+    loader.start()
+    try:
+        start_ray(config)
+    finally:
+        loader.join()
+    if errors:
+        raise errors[0]
