@@ -99,6 +99,23 @@ def test_a_model_path_that_is_no_model_exits_2_at_once_and_leaves_no_run_folder(
     assert time.perf_counter() - started < 60  # refused before Ray starts (it used to take 41-58 s)
 
 
+def test_a_crashing_verifier_is_one_line_with_its_traceback_in_error_log(tmp_path: Path) -> None:
+    (tmp_path / "my_rewards.py").write_text("def crash(response, answer):\n    raise ValueError('no')\n")
+    verifier = ["reward.custom={crash: 'my_rewards:crash'}", "reward.verifiers={crash: 1.0}"]
+    env = {**_env(), "PYTHONPATH": str(tmp_path)}  # the local Ray's workers inherit it
+    command = _rl_command("grpo", "train", "-q", "-o", str(tmp_path / "runs"), *SMALL, *verifier)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "error: stage 'rule_reward' failed in reward rank 0 on rows [0, 1, 2, 3, 4, 5, 6, 7, ...] (32 rows): "
+        "ValueError: no"
+    ]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    log = (run_dir / "error.log").read_text()
+    assert "my_rewards.py\", line 2, in crash" in log and log.rstrip().endswith("ValueError: no")
+    assert f"the worker's traceback: {run_dir / 'error.log'}" in done.stdout
+
+
 def test_bad_yaml_key_exits_2_with_one_line(tmp_path: Path) -> None:
     config = tmp_path / "bad.yaml"
     config.write_text("algorithm:\n  kl_coeff: 0.1\n")

@@ -15,11 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import typer
+
 from entrepot.cli import _metrics as m
-from entrepot.cli._errors import CLIUsageError
+from entrepot.cli._errors import CLIUsageError, one_line
 from entrepot.cli._run_dir import new_run_dir, resume_config_path
 
 INTERRUPTED_EXIT_CODE = 130  # the shell convention for "stopped by Ctrl-C"
+STAGE_FAILED_EXIT_CODE = 1  # a worker failed; not a usage mistake (2), so scripts can tell them apart
+ERROR_LOG = "error.log"
 
 
 @dataclass(kw_only=True)
@@ -61,6 +65,7 @@ def run_training(request: TrainRequest) -> int:
     from entrepot.cli._live import TrainDisplay
     from entrepot.cli._report import print_summary, write_plot
     from entrepot.grpo import train
+    from entrepot.grpo.errors import StageError
 
     metrics_path = run_dir / config.logging.metrics_file
     done_before = m.last_step(m.read_metrics(metrics_path))
@@ -86,6 +91,8 @@ def run_training(request: TrainRequest) -> int:
             result = train(
                 config, run_dir, resume=request.resume is not None, on_step=on_step, on_startup=on_startup
             )
+    except StageError as exc:  # a worker failed mid-step: one line here, its traceback in error.log
+        return _stage_failed(exc, run_dir, console)
     except BaseException as exc:
         if request.resume is None and not m.read_metrics(metrics_path):  # nothing trained: leave no folder
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -101,6 +108,23 @@ def run_training(request: TrainRequest) -> int:
         console.print(f"[yellow]interrupted[/]: resume with: rl grpo train --resume {escape(str(run_dir))}")
         return INTERRUPTED_EXIT_CODE
     return 0
+
+
+def _stage_failed(error: Any, run_dir: Path, console: Any) -> int:
+    """Report a failed stage on one line, keep the worker's traceback in the run's error.log."""
+    from rich.markup import escape
+
+    from entrepot.grpo.checkpoint import latest_checkpoint
+
+    log = run_dir / ERROR_LOG
+    log.write_text(f"{error}\n\n{error.details or '(no traceback: the worker did not answer)'}")
+    typer.echo(f"error: {one_line(str(error))}", err=True)
+    console.print(f"the worker's traceback: {escape(str(log))}", soft_wrap=True)
+    if latest_checkpoint(run_dir) is not None:
+        console.print(
+            f"resume from the last checkpoint: rl grpo train --resume {escape(str(run_dir))}", soft_wrap=True
+        )
+    return STAGE_FAILED_EXIT_CODE
 
 
 def run_evaluation(path: Path, num_prompts: int | None) -> None:

@@ -57,15 +57,18 @@ class StageError(GRPOError, RuntimeError):
         worker: the worker, e.g. ``reward rank 0``.
         rows: the dock rows it was working on (None when it had not taken any).
         reason: what went wrong (the original exception's type and message).
+        details: the worker's traceback of the original exception, when there was one.
     """
 
-    def __init__(self, stage: str, worker: str, rows: list[int] | None, reason: str) -> None:
-        self.stage, self.worker, self.rows, self.reason = stage, worker, rows, reason
+    def __init__(
+        self, stage: str, worker: str, rows: list[int] | None, reason: str, details: str | None = None
+    ) -> None:
+        self.stage, self.worker, self.rows, self.reason, self.details = stage, worker, rows, reason, details
         where = "" if rows is None else f" on rows {_rows_text(rows)}"
         super().__init__(f"stage {stage!r} failed in {worker}{where}: {reason}")
 
-    def __reduce__(self) -> tuple[type, tuple[str, str, list[int] | None, str]]:
-        return (type(self), (self.stage, self.worker, self.rows, self.reason))  # crosses Ray intact
+    def __reduce__(self) -> tuple[type, tuple[str, str, list[int] | None, str, str | None]]:
+        return (type(self), (self.stage, self.worker, self.rows, self.reason, self.details))  # crosses Ray
 
 
 def _rows_text(rows: list[int]) -> str:

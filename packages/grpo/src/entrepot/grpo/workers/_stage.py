@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
@@ -44,7 +45,8 @@ def stage(name: str) -> Callable[[Callable[Concatenate[S, P], R]], Callable[Conc
                 raise
             except Exception as exc:
                 worker = f"{self.role} {self.rank.name}"
-                raise StageError(name, worker, self.reader.rows, f"{type(exc).__name__}: {exc}") from exc
+                reason, details = f"{type(exc).__name__}: {exc}", traceback.format_exc()
+                raise StageError(name, worker, self.reader.rows, reason, details) from exc
 
         return run
 
