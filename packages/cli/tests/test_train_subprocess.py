@@ -112,7 +112,7 @@ def test_a_crashing_verifier_is_one_line_with_its_traceback_in_error_log(tmp_pat
     ]
     (run_dir,) = (tmp_path / "runs").iterdir()
     log = (run_dir / "error.log").read_text()
-    assert "my_rewards.py\", line 2, in crash" in log and log.rstrip().endswith("ValueError: no")
+    assert 'my_rewards.py", line 2, in crash' in log and log.rstrip().endswith("ValueError: no")
     assert f"the worker's traceback: {run_dir / 'error.log'}" in done.stdout
 
 
