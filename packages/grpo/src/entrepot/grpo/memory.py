@@ -45,7 +45,6 @@ ADAM_MOMENTS = 2  # AdamW keeps exp_avg and exp_avg_sq per trained value (torch 
 VLLM_KV_BLOCK_TOKENS = 128
 
 RolloutKind = Literal["gpt2", "hf", "vllm"]
-STAGES = ("reshard", "load", "generate")
 
 
 @dataclass(frozen=True)
