@@ -18,7 +18,7 @@ _MAIN = "from entrepot.cli.app import main; main()"
 def test_help_lists_the_sub_apps(runner: CliRunner) -> None:
     result = runner.invoke(app, ["--help"], env={"COLUMNS": "160"})
     assert result.exit_code == 0
-    for name in ("grpo", "dock", "batching", "version"):
+    for name in ("grpo", "dock", "batching", "version", "doctor"):
         assert name in result.stdout
 
 

@@ -11,7 +11,9 @@ import typer
 
 from entrepot.cli._batching import batching_app
 from entrepot.cli._dock import dock_app
+from entrepot.cli._errors import user_errors
 from entrepot.cli._grpo import grpo_app
+from entrepot.cli._grpo_config import ConfigOption, OverridesArgument
 from entrepot.cli.versions import ENTREPOT_DISTRIBUTIONS, STACK_DISTRIBUTIONS, installed_versions
 
 app = typer.Typer(
@@ -57,6 +59,22 @@ def root(
 def version_command() -> None:
     """Print every installed entrepot package with its version, plus torch, ray, megatron-core, vllm."""
     _print_versions(include_stack=True)
+
+
+@app.command("doctor")
+def doctor(config: ConfigOption = None, overrides: OverridesArgument = None) -> None:
+    """Report versions, devices, engine extras, Ray's address and auth, and a config's memory needs.
+
+    The config is the embedded default unless a file or overrides say otherwise; the report always
+    exits 0 (a config that does not fit this machine is a line of it), a bad config exits 2.
+    """
+    from entrepot.cli._doctor import build_report, render
+    from entrepot.grpo.config import load_config
+    from entrepot.resharding import UnknownArchitectureError
+
+    with user_errors(UnknownArchitectureError):
+        sections = build_report(load_config(config, overrides or []))
+    render(sections)
 
 
 def main() -> None:

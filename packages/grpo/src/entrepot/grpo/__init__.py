@@ -1,7 +1,7 @@
 """entrepot.grpo — the GRPO trainer: config, workers on Ray, rule rewards, losses, fit loop.
 
-Heavy modules (torch, ray, transformers) load on first use of `train` / `evaluate` so that
-`import entrepot.grpo` and the CLI's `--help` stay fast.
+Heavy modules (torch, ray, transformers) load on first use of `train` / `evaluate` / `estimate_memory`
+so that `import entrepot.grpo` and the CLI's `--help` stay fast.
 """
 
 from __future__ import annotations
@@ -14,26 +14,36 @@ from entrepot.grpo.errors import GRPOConfigError, GRPOError
 
 if TYPE_CHECKING:
     from entrepot.grpo.api import TrainResult, evaluate, train
+    from entrepot.grpo.memory import MemoryEstimate, estimate_memory
 
 __all__ = [
     "GRPOConfig",
     "GRPOConfigError",
     "GRPOError",
+    "MemoryEstimate",
     "TrainResult",
     "__version__",
     "config_to_dict",
     "dump_yaml",
+    "estimate_memory",
     "evaluate",
     "load_config",
     "train",
 ]
 
-_LAZY = {"train", "evaluate", "TrainResult"}
+# name -> the module that defines it, imported on first use (torch, ray, transformers load there)
+_LAZY = {
+    "train": "api",
+    "evaluate": "api",
+    "TrainResult": "api",
+    "estimate_memory": "memory",
+    "MemoryEstimate": "memory",
+}
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        from entrepot.grpo import api
+        import importlib
 
-        return getattr(api, name)
+        return getattr(importlib.import_module(f"entrepot.grpo.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'entrepot.grpo' has no attribute {name!r}")

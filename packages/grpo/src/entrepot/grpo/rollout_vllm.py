@@ -30,6 +30,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from entrepot.grpo.memory import vllm_kv_cache_bytes
 from entrepot.grpo.rollout import SamplingParams
 from entrepot.resharding import ChecksumMismatchError
 from entrepot.resharding.engines.vllm import VllmInferenceEngine
@@ -73,25 +74,12 @@ _FORMATS: dict[str, _CheckpointFormat] = {
     ),
 }
 
-# vLLM's CPU backend allocates the KV cache in blocks of 128 tokens (an upper bound elsewhere).
-_KV_BLOCK_TOKENS = 128
-
 
 def save_model_dir(model: torch.nn.Module, directory: str | Path) -> Path:
     """Write `model` (its HF config and initial weights) as the local HF model directory vLLM loads."""
     out = Path(directory)
     model.save_pretrained(out)  # type: ignore[operator]
     return out
-
-
-def _kv_cache_bytes(hf_config: Any, max_model_len: int, max_num_seqs: int) -> int:
-    """Float32 KV cache for `max_num_seqs` sequences of `max_model_len` tokens, whole blocks each."""
-    heads = hf_config.num_attention_heads
-    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
-    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
-    per_token = 2 * hf_config.num_hidden_layers * kv_heads * head_dim * 4  # K and V, float32
-    blocks = -(-max_model_len // _KV_BLOCK_TOKENS)
-    return per_token * max_num_seqs * blocks * _KV_BLOCK_TOKENS
 
 
 def _external_launcher_env() -> None:
@@ -179,7 +167,7 @@ class VllmRolloutEngine(VllmInferenceEngine):
             seed=seed,
             max_model_len=max_model_len,
             max_num_seqs=max_num_seqs,
-            kv_cache_memory_bytes=_kv_cache_bytes(hf_config, max_model_len, max_num_seqs),
+            kv_cache_memory_bytes=vllm_kv_cache_bytes(hf_config, max_model_len, max_num_seqs),
             enforce_eager=True,  # a small model gains little from compiled graphs; startup stays short
             enable_sleep_mode=not device.startswith("cpu"),
             logprobs_mode="raw_logprobs",

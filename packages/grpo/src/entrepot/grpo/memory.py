@@ -1,0 +1,322 @@
+"""What one actor rank holds in memory: weights, gradients, optimizer state, reference, rollout copy, KV.
+
+`estimate_memory(config)` answers from the config alone. The policy is instantiated on the meta
+device (shapes, no storage), so the parameter count is exact, the training shard of a rank is the
+one the resharding adaptor cuts for `parallel.train`'s TP / PP, and the copy the train -> rollout
+resharding allocates is found the way `ShardingManager` finds it (storages that alias no parameter).
+Every engine here computes in float32 (the config has no dtype key): 4 bytes a value.
+
+The peak is that of the train -> rollout switch (`ShardingManager.enter_infer_mode`) and of the
+generation that follows, taken at its three fullest moments (per rank, on the rank's device):
+
+    reshard   params, grads, optimizer, reference, resharded copy and scratch
+              (+ the rollout weights an idle engine keeps on a CPU device)
+    load      the same without the scratch (freed when the resharding ends), plus the rollout
+              engine's weights; with engine.offload_params the params leave before the load,
+              or after it when the copy aliases them
+    generate  params, grads, optimizer, reference, rollout weights, KV cache
+
+`engine.offload_params`, `offload_optimizer` and `offload_reference` keep theirs in host memory
+meanwhile and `offload_grads` drops the gradients (the next update starts from zero). On
+engine.device=cpu host memory is the device: offloading there moves bytes without freeing any.
+
+Left out: activations (the update's forward / backward, the logits of log-prob passes and of
+generation), the CUDA context and allocator slack, vLLM's own workspace and vocabulary padding,
+megatron's gradient-buffer padding, and each worker process's own runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from entrepot.grpo.config import GRPOConfig
+from entrepot.grpo.errors import DataError
+
+__all__ = ["MemoryEstimate", "estimate_memory", "vllm_kv_cache_bytes"]
+
+FLOAT32_BYTES = 4
+ADAM_MOMENTS = 2  # AdamW keeps exp_avg and exp_avg_sq per trained value (torch and megatron alike)
+# vLLM's CPU backend allocates the KV cache in blocks of 128 tokens (an upper bound elsewhere).
+VLLM_KV_BLOCK_TOKENS = 128
+
+RolloutKind = Literal["gpt2", "hf", "vllm"]
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes one actor rank holds, per item, and at each moment of the train -> rollout switch.
+
+    Attributes:
+        num_params: parameters of the whole policy (exact; tied embeddings counted once).
+        num_ranks: actor ranks, resources.num_actor_workers x parallel.train.tensor x pipeline.
+        device: engine.device.
+        params: training parameters of the largest rank (its TP / PP shard; the whole model with
+            engine.train=torch).
+        grads: their gradients (megatron: its float32 gradient buffer).
+        optimizer: AdamW's two moments per trained value.
+        reference: the frozen reference copy (0 when algorithm.kl_coef is 0: no reference).
+        rollout_weights: the rollout engine's own copy of the weights (whole model; the slice of a
+            tensor-parallel vLLM).
+        resharded_copy: what the train -> rollout resharding allocates for its output (megatron:
+            the whole model; torch: the tensors the layout conversion cannot hand over as views of
+            the parameters).
+        reshard_scratch: the megatron resharder's scratch, an upper bound: its rounds are packed
+            under engine.reshard_bucket_mb (0 with engine.train=torch).
+        kv_cache: the rollout engine's KV cache at its largest.
+        kv_cache_basis: how `kv_cache` was sized.
+        stages: moment of the switch -> (bytes on the device, bytes kept in host memory).
+    """
+
+    num_params: int
+    num_ranks: int
+    device: str
+    params: int
+    grads: int
+    optimizer: int
+    reference: int
+    rollout_weights: int
+    resharded_copy: int
+    reshard_scratch: int
+    kv_cache: int
+    kv_cache_basis: str
+    stages: Mapping[str, tuple[int, int]]
+
+    @property
+    def on_cpu(self) -> bool:
+        """Whether the ranks compute in host memory (engine.device=cpu)."""
+        return self.device.split(":")[0] == "cpu"
+
+    @property
+    def peak_stage(self) -> str:
+        """The fullest moment: most device bytes (on CPU, device plus host: they are one memory)."""
+        return max(self.stages, key=lambda s: sum(self.stages[s]) if self.on_cpu else self.stages[s][0])
+
+    @property
+    def peak_bytes(self) -> int:
+        """Bytes on one rank's device at the peak."""
+        return self.stages[self.peak_stage][0]
+
+    @property
+    def offloaded_bytes(self) -> int:
+        """Bytes one rank keeps in host memory at the peak (its offloaded state)."""
+        return self.stages[self.peak_stage][1]
+
+    @property
+    def host_need_bytes(self) -> int:
+        """Host memory all ranks need at the peak: everything on CPU, the offloaded state otherwise."""
+        per_rank = self.peak_bytes + self.offloaded_bytes if self.on_cpu else self.offloaded_bytes
+        return per_rank * self.num_ranks
+
+
+def vllm_kv_cache_bytes(hf_config: Any, max_model_len: int, max_num_seqs: int) -> int:
+    """Float32 KV cache for `max_num_seqs` sequences of `max_model_len` tokens, whole blocks each.
+
+    What `VllmRolloutEngine.launch` hands vLLM as ``kv_cache_memory_bytes``.
+    """
+    from entrepot.resharding.adaptors import ModelDims
+
+    dims = ModelDims.from_config(hf_config)
+    per_token = 2 * dims.num_layers * dims.num_kv_heads * dims.head_dim * FLOAT32_BYTES  # K and V
+    blocks = -(-max_model_len // VLLM_KV_BLOCK_TOKENS)
+    return per_token * max_num_seqs * blocks * VLLM_KV_BLOCK_TOKENS
+
+
+def estimate_memory(config: GRPOConfig) -> MemoryEstimate:
+    """Bytes per actor rank of `config`'s policy, optimizer, reference, rollout engine and KV cache.
+
+    Builds nothing but a meta-device model (no weights are allocated or read). Activations are not
+    counted; see the module docstring for what else is left out.
+
+    Raises:
+        DataError: model.path is not a local HF model directory, or a file task has no model.path.
+        UnknownArchitectureError: the model has no weight adaptor (it could not be trained either).
+    """
+    from entrepot.resharding.adaptors import get_adaptor
+
+    model = _policy_on_meta(config)
+    adaptor = get_adaptor(type(model).__name__, model.config)
+    hf_state = {name: p.detach() for name, p in model.named_parameters(remove_duplicate=False)}
+    train_state = adaptor.hf_to_train(hf_state)
+    kind = _rollout_kind(config, type(model).__name__)
+    train = config.parallel.train
+    num_ranks = config.resources.num_actor_workers * train.model_parallel
+    params = _nbytes(_rank_shard(config, adaptor, train_state).values())
+    copy, aliases = _resharded_copy(config, adaptor, train_state, kind, model.parameters())
+    megatron = config.engine.train == "megatron"
+    kv_cache, basis = _kv_cache(config, model.config, kind, num_ranks)
+    estimate = MemoryEstimate(
+        num_params=sum(p.numel() for p in model.parameters()),
+        num_ranks=num_ranks,
+        device=config.engine.device,
+        params=params,
+        grads=params,
+        optimizer=ADAM_MOMENTS * params,
+        reference=params if config.algorithm.kl_coef > 0 else 0,
+        rollout_weights=_rollout_weights(config, adaptor, train_state, kind),
+        resharded_copy=copy,
+        reshard_scratch=config.engine.reshard_bucket_mb * 2**20 if megatron else 0,
+        kv_cache=kv_cache,
+        kv_cache_basis=basis,
+        stages={},
+    )
+    return _with_stages(estimate, config, kind, params_leave_after_load=aliases)
+
+
+def _policy_on_meta(config: GRPOConfig) -> torch.nn.Module:
+    """The policy's HF module on the meta device: built from `model`, or from model.path's config.json."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if config.model.path is None:
+        from entrepot.grpo.data import build_task
+        from entrepot.grpo.model import build_hf_config
+
+        tok = build_task(config).tokenizer  # the vocabulary the trainer builds the decoder with
+        hf_config = build_hf_config(
+            config.model, tok.vocab_size, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id
+        )
+    else:
+        directory = Path(config.model.path)
+        if not (directory / "config.json").is_file():
+            raise DataError(
+                f"model.path ({str(directory)!r}) must be a local HF model directory with config.json"
+            )
+        hf_config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+
+
+def _rollout_kind(config: GRPOConfig, architecture: str) -> RolloutKind:
+    """Which rollout engine `policy.build_policy` gives this config."""
+    if config.engine.rollout == "vllm":
+        return "vllm"
+    return "gpt2" if architecture == "GPT2LMHeadModel" else "hf"
+
+
+def _rank_shard(config: GRPOConfig, adaptor: Any, train_state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """Training-layout tensors of the largest rank (the whole model with engine.train=torch)."""
+    from entrepot.resharding import ParallelLayout
+
+    train = config.parallel.train
+    if config.engine.train == "torch":
+        return dict(train_state)
+    vpp = train.virtual_pipeline if train.pipeline > 1 else None
+    layout = ParallelLayout(tp=train.tensor, pp=train.pipeline, vpp=vpp)
+    shards = [adaptor.shard(train_state, layout, tp_rank=0, pp_rank=p) for p in range(train.pipeline)]
+    if train.pipeline > 1 and adaptor.dims.tie_word_embeddings:
+        # megatron's last stage trains its own copy of the tied output layer
+        embedding = shards[0]["embedding.word_embeddings.weight"]
+        shards[-1] = {**shards[-1], "output_layer.weight": embedding}
+    return max(shards, key=lambda shard: _nbytes(shard.values()))
+
+
+def _resharded_copy(
+    config: GRPOConfig, adaptor: Any, train_state: Mapping[str, torch.Tensor], kind: RolloutKind,
+    parameters: Iterable[torch.Tensor],
+) -> tuple[int, bool]:  # fmt: skip
+    """Bytes the train -> rollout resharding allocates, and whether its output aliases parameters."""
+    if config.engine.train == "megatron":  # `Resharder`: the whole model in a buffer of its own
+        return _nbytes(adaptor.train_to_infer(train_state).values()), False
+    from entrepot.resharding import LocalResharder
+
+    weights = LocalResharder(adaptor, "hf" if kind == "hf" else "infer").reshard(train_state)
+    params = {_storage_id(p) for p in parameters}
+    unique = {_storage_id(t): t for t in weights.values()}
+    fresh = [t for key, t in unique.items() if key not in params]
+    return sum(t.untyped_storage().nbytes() for t in fresh), len(fresh) < len(unique)
+
+
+def _rollout_weights(
+    config: GRPOConfig, adaptor: Any, train_state: Mapping[str, torch.Tensor], kind: RolloutKind
+) -> int:
+    """Bytes of the rollout engine's weights: the whole model, or a tensor-parallel vLLM's slice."""
+    tensor = config.parallel.infer.tensor
+    if kind == "vllm" and tensor > 1:
+        from entrepot.resharding import ParallelLayout
+
+        return _nbytes(adaptor.shard(train_state, ParallelLayout(tp=tensor)).values())
+    return _nbytes(train_state.values())
+
+
+def _kv_cache(config: GRPOConfig, hf_config: Any, kind: RolloutKind, num_ranks: int) -> tuple[int, str]:
+    """The rollout engine's largest KV cache and how it was sized."""
+    from entrepot.resharding.adaptors import ModelDims
+
+    tokens = config.longest_sequence()
+    if kind == "vllm":
+        seqs = config.rollout.batch_size
+        return vllm_kv_cache_bytes(hf_config, tokens, seqs), (
+            f"vLLM's kv_cache_memory_bytes: {seqs} sequences x {tokens} tokens in "
+            f"{VLLM_KV_BLOCK_TOKENS}-token blocks"
+        )
+    # a rank generates its share of the step's prompt groups at once, and evaluation all its prompts
+    rows = -(-config.rollout.prompts_per_step // num_ranks) * config.rollout.n_samples_per_prompt
+    seqs = max(rows, config.eval.num_prompts)
+    dims = ModelDims.from_config(hf_config)
+    heads = dims.num_heads if kind == "gpt2" else dims.num_kv_heads  # the embedded engine caches every head
+    per_token = 2 * dims.num_layers * heads * dims.head_dim * FLOAT32_BYTES
+    engine = "embedded GPT-2 engine" if kind == "gpt2" else "HF generate"
+    return per_token * seqs * tokens, (
+        f"{engine}: {seqs} sequences x {tokens} tokens (prompt + response) x {dims.num_layers} layers "
+        f"x K and V x {heads} heads x {dims.head_dim}"
+    )
+
+
+def _with_stages(
+    estimate: MemoryEstimate, config: GRPOConfig, kind: RolloutKind, *, params_leave_after_load: bool
+) -> MemoryEstimate:
+    """`estimate` with the (device, host) bytes of each moment of the switch (see the module docstring)."""
+    flags, e = config.engine, estimate
+    on_host = [  # offloaded state stays in host memory (the gradients are dropped instead)
+        e.optimizer if flags.offload_optimizer else 0,
+        e.reference if flags.offload_reference else 0,
+    ]
+    resident = [
+        0 if flags.offload_grads else e.grads,
+        0 if flags.offload_optimizer else e.optimizer,
+        0 if flags.offload_reference else e.reference,
+    ]
+    idle_device, idle_host = _idle_rollout_weights(e, kind)
+    params_in_load = e.params if not flags.offload_params or params_leave_after_load else 0
+    params_gone = 0 if flags.offload_params else e.params
+    stages = {
+        "reshard": (
+            e.params + sum(resident) + e.resharded_copy + e.reshard_scratch + idle_device,
+            sum(on_host) + idle_host,
+        ),
+        "load": (
+            params_in_load + sum(resident) + e.resharded_copy + e.rollout_weights,
+            sum(on_host) + e.params - params_in_load,
+        ),
+        "generate": (
+            params_gone + sum(resident) + e.rollout_weights + e.kv_cache,
+            sum(on_host) + e.params - params_gone,
+        ),
+    }
+    return replace(e, stages=stages)
+
+
+def _idle_rollout_weights(estimate: MemoryEstimate, kind: RolloutKind) -> tuple[int, int]:
+    """(device, host) bytes of the rollout weights between rollouts.
+
+    vLLM sleeps on an accelerator (weights dropped) and keeps its packed weights on CPU; the embedded
+    GPT-2 engine moves its weights to host memory (on CPU: stays); the HF engine drops them.
+    """
+    if kind == "hf":
+        return 0, 0
+    if estimate.on_cpu:
+        return estimate.rollout_weights, 0
+    return (0, estimate.rollout_weights) if kind == "gpt2" else (0, 0)
+
+
+def _nbytes(tensors: Iterable[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _storage_id(tensor: torch.Tensor) -> int:
+    # meta storages have no address (data_ptr 0); the storage object's pointer tells them apart
+    return int(tensor.untyped_storage()._cdata)

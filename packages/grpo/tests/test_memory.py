@@ -1,0 +1,119 @@
+"""`estimate_memory`: exact parameter counts, the offload keys at the phase switch, TP shards per rank."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tests_support_models import tiny_model_dir
+
+from entrepot.grpo.config import load_config
+from entrepot.grpo.errors import DataError
+from entrepot.grpo.memory import estimate_memory, vllm_kv_cache_bytes
+from entrepot.grpo.model import build_model
+from entrepot.grpo.tasks import CharTokenizer
+
+TINY_QWEN2 = ["model.architecture=qwen2", "model.hidden_size=32", "model.num_heads=4", "model.num_kv_heads=2",
+              "model.intermediate_size=48", "model.num_layers=3"]  # fmt: skip
+OFFLOAD = ["engine.offload_params=true", "engine.offload_grads=true", "engine.offload_optimizer=true"]
+
+
+def _built_numel(overrides: list[str]) -> int:
+    config = load_config(None, overrides)
+    tok = CharTokenizer()
+    model = build_model(
+        config.model, tok.vocab_size, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id
+    )
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("overrides", [[], TINY_QWEN2], ids=["default-gpt2", "tiny-qwen2"])
+def test_param_count_equals_the_built_model(overrides: list[str]) -> None:
+    estimate = estimate_memory(load_config(None, overrides))
+    assert estimate.num_params == _built_numel(overrides)
+    assert estimate.params == 4 * estimate.num_params  # float32, the whole model on the one torch rank
+    assert estimate.grads == estimate.params
+    assert estimate.optimizer == 2 * estimate.params  # AdamW's two moments
+    assert estimate.reference == estimate.params  # kl_coef 0.04: a reference copy
+
+
+def test_param_count_of_a_local_model_directory(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    directory = tiny_model_dir(tmp_path / "m", "llama")
+    loaded = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
+    config = load_config(None, [f"model.path={directory}", "data.task=reverse"])
+    assert estimate_memory(config).num_params == sum(p.numel() for p in loaded.parameters())
+
+
+def test_a_missing_model_directory_is_a_data_error(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="must be a local HF model directory"):
+        estimate_memory(load_config(None, [f"model.path={tmp_path}"]))
+
+
+def test_no_reference_without_a_kl_term() -> None:
+    assert estimate_memory(load_config(None, ["algorithm.kl_coef=0"])).reference == 0
+
+
+def test_offload_keys_lower_the_device_peak_at_the_switch() -> None:
+    on_gpu = ["engine.device=cuda"]  # the estimate needs no GPU; preflight is what checks the machine
+    resident = estimate_memory(load_config(None, on_gpu))
+    offloaded = estimate_memory(load_config(None, [*on_gpu, *OFFLOAD]))
+    assert offloaded.peak_bytes < resident.peak_bytes
+    # params and optimizer state wait in host memory while generating; the gradients are dropped
+    assert offloaded.peak_stage == "generate"
+    assert offloaded.offloaded_bytes == offloaded.params + offloaded.optimizer
+    assert resident.offloaded_bytes == 0
+    assert resident.peak_bytes - offloaded.peak_bytes == resident.params + resident.grads + resident.optimizer
+
+
+def test_on_cpu_offloading_moves_bytes_and_only_dropped_grads_free_any() -> None:
+    resident = estimate_memory(load_config(None, []))
+    moved = estimate_memory(
+        load_config(None, ["engine.offload_params=true", "engine.offload_optimizer=true"])
+    )
+    dropped = estimate_memory(load_config(None, ["engine.offload_grads=true"]))
+    assert moved.host_need_bytes == resident.host_need_bytes
+    assert resident.host_need_bytes - dropped.host_need_bytes == resident.grads
+
+
+def test_tp2_halves_the_sharded_figures_per_rank() -> None:
+    megatron = ["engine.train=megatron"]  # with a reference (algorithm.kl_coef 0.04)
+    tp1 = estimate_memory(load_config(None, megatron))
+    tp2 = estimate_memory(load_config(None, [*megatron, "parallel.train.tensor=2"]))
+    assert tp2.num_ranks == 2 and tp2.num_params == tp1.num_params
+    for item in ("params", "grads", "optimizer", "reference"):
+        ratio = getattr(tp2, item) / getattr(tp1, item)
+        assert 0.5 <= ratio < 0.52, (item, ratio)  # layer norms and some biases stay whole on each rank
+    # every rank still holds the whole model for the rollout engine, and its own KV cache
+    assert tp2.rollout_weights == tp1.rollout_weights == tp1.params
+    assert tp2.resharded_copy == tp1.resharded_copy == tp1.params
+
+
+def test_megatron_pipeline_stages_keep_the_larger_stage_and_the_tied_head() -> None:
+    # measured with megatron-core at PP2 on the default: stage 0 holds 52,928 values, stage 1
+    # 50,112 plus its own 14 x 64 copy of the tied output layer
+    estimate = estimate_memory(load_config(None, ["engine.train=megatron", "parallel.train.pipeline=2"]))
+    assert estimate.params == 4 * 52_928
+
+
+def test_vllm_kv_cache_is_what_the_engine_is_launched_with() -> None:
+    config = load_config(None, ["engine.rollout=vllm"])
+    estimate = estimate_memory(config)
+    # 2 layers x K and V x 2 heads x 32 dims x 4 bytes per token; 256 sequences of one 128-token block
+    assert estimate.kv_cache == 2 * 2 * 2 * 32 * 4 * 256 * 128
+    assert "kv_cache_memory_bytes" in estimate.kv_cache_basis
+
+
+def test_torch_kv_cache_is_batch_times_tokens_times_layers_heads() -> None:
+    estimate = estimate_memory(load_config(None, []))
+    # a rank's 32 x 8 rollout rows (256, as many as evaluation's prompts), 9 prompt + 8 response tokens
+    assert estimate.kv_cache == 256 * 17 * 2 * 2 * 2 * 32 * 4
+    assert "256 sequences x 17 tokens" in estimate.kv_cache_basis
+
+
+def test_vllm_kv_cache_bytes_rounds_up_to_whole_blocks() -> None:
+    class Config:
+        num_hidden_layers, num_attention_heads, num_key_value_heads, hidden_size = 2, 4, 2, 64
+
+    assert vllm_kv_cache_bytes(Config(), 129, 3) == 2 * 2 * 2 * 16 * 4 * 3 * 256
