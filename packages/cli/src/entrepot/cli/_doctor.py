@@ -32,12 +32,7 @@ _EXTRAS = (
     ("vllm", "engine.rollout=vllm", lambda c: c.engine.rollout == "vllm", "refused"),
     ("vllm_ascend", "vLLM on engine.device=npu", lambda c: c.engine.rollout == "vllm" and _npu(c), "fails"),
     ("torch_npu", "engine.device=npu", lambda c: _npu(c), "refused"),
-    (
-        "tensorboard",
-        "logging.tensorboard",
-        lambda c: c.logging.tensorboard,
-        "left without TensorBoard scalars",
-    ),
+    ("tensorboard", "logging.tensorboard=true", lambda c: c.logging.tensorboard is True, "refused"),
 )
 
 
