@@ -6,11 +6,17 @@ import io
 import json
 from pathlib import Path
 
+import numpy as np
+import pytest
 from rich.console import Console
 
 from entrepot.cli import _metrics as m
 from entrepot.cli._live import TrainDisplay, dock_line, weight_sync_line
-from entrepot.cli._plot import plot_curves
+from entrepot.cli._plot import PANELS, curves_figure, plot_curves
+
+# metrics.jsonl of a real run (entrepot.grpo.train, the default task in process, eval every 3 steps):
+# 6 steps, then resumed to 10, so steps 1 and 7 carry the start-up of their session.
+REAL_METRICS = Path(__file__).parent / "data" / "metrics_reverse_10_steps.jsonl"
 
 
 def _rows(steps: int) -> list[dict[str, float]]:
@@ -28,6 +34,42 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     path = plot_curves(_rows(20), tmp_path / "curves.png", "test run")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert path.stat().st_size > 5_000
+
+
+@pytest.mark.parametrize("num_steps", [3, 10])
+def test_plot_step_axes_tick_whole_steps(num_steps: int) -> None:
+    records = m.with_elapsed(m.read_metrics(REAL_METRICS)[:num_steps])
+    step_axes = curves_figure(records, "run").axes[0::2]  # rows of (by step, by time)
+    for axis in step_axes:
+        low, high = axis.get_xlim()
+        ticks = [t for t in axis.get_xticks() if low <= t <= high]
+        assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks), ticks
+    assert step_axes[-1].get_xlabel() == "step"
+
+
+def test_plot_has_a_kl_panel_and_names_each_metric() -> None:
+    records = m.with_elapsed(m.read_metrics(REAL_METRICS))
+    axes = curves_figure(records, "run").axes
+    assert [axis.get_ylabel() for axis in axes] == [label for _, label, _ in PANELS for _ in range(2)]
+    assert all(key in label for key, label, _ in PANELS)
+    kl_by_step = next(axis for axis in axes[0::2] if axis.get_ylabel() == f"KL to the reference ({m.KL})")
+    (line,) = kl_by_step.lines
+    assert np.asarray(line.get_xdata()).tolist() == [r[m.STEP] for r in records]
+    assert np.asarray(line.get_ydata()).tolist() == [r[m.KL] for r in records]
+    assert max(r[m.KL] for r in records) > 0
+
+
+def test_plot_time_axis_starts_at_zero_without_start_up() -> None:
+    raw = m.read_metrics(REAL_METRICS)
+    assert [r[m.STEP] for r in raw if m.STARTUP in r] == [1, 7]  # two sessions, each with a start-up
+    axes = curves_figure(m.with_elapsed(raw), "run").axes
+    by_time = axes[1]  # reward over training time
+    assert by_time.get_xlim()[0] == 0
+    times = np.asarray(by_time.lines[0].get_xdata(), dtype=float)
+    assert times[0] == pytest.approx(raw[0][m.STEP_TIME])  # step 1 ends after its own time only
+    steps_and_evals = sum(r[m.STEP_TIME] + r.get(m.EVAL_TIME, 0.0) for r in raw)
+    assert times[-1] == pytest.approx(steps_and_evals)  # neither session's start-up is on the axis
+    assert "start-up excluded" in axes[-1].get_xlabel()
 
 
 def test_read_metrics_round_trips_jsonl(tmp_path: Path) -> None:
@@ -118,6 +160,21 @@ def test_summary_reports_when_accuracy_first_reached_the_target(tmp_path: Path) 
     assert "step 20 (10.0 s)" in text  # accuracy 0.25, 0.5, 0.75, 1.0 at steps 5..20; 0.5 s per step
     assert "training time (all steps)" in text and "10.0 s" in text
     assert str(tmp_path / "ckpt") in text
+
+
+@pytest.mark.parametrize("width", [40, 160])
+def test_evaluation_prints_the_prompt_count_and_the_whole_path(tmp_path: Path, width: int) -> None:
+    from entrepot.cli._report import print_evaluation
+
+    path = tmp_path / "runs" / "grpo-reverse-20261123-071430" / "checkpoints" / "step_000300"
+    result = {"accuracy": 0.75, "eval_reward": 0.9, "eval_prompts": 32.0, "step": 300.0}  # evaluate()'s keys
+    out = io.StringIO()
+    print_evaluation(Console(file=out, width=width), path, result)
+    lines = out.getvalue().splitlines()
+    assert f"evaluated: {path}" in lines  # one line, never cut inside the name
+    row = next(line for line in lines if "held-out prompts" in line)
+    assert "32" in row.split(), row
+    assert "eval.num_prompts" not in out.getvalue()
 
 
 def test_weight_sync_line_shows_reshard_and_logp_mismatch() -> None:

@@ -85,7 +85,13 @@ def test_eval_reads_the_checkpoint(finished_run: tuple[Path, subprocess.Complete
     done = _rl("grpo", "eval", str(run_dir), "--num-prompts", "16")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "accuracy (greedy)" in done.stdout
-    assert "16" in done.stdout
+    assert f"evaluated: {run_dir}" in done.stdout.splitlines()  # the path whole, on one line
+    held_out = next(line for line in done.stdout.splitlines() if "held-out prompts" in line)
+    assert "16" in held_out.split(), held_out
+    default = _rl("grpo", "eval", str(run_dir))  # no --num-prompts: the run's eval.num_prompts (SMALL)
+    assert default.returncode == 0, default.stdout + default.stderr
+    held_out = next(line for line in default.stdout.splitlines() if "held-out prompts" in line)
+    assert "32" in held_out.split(), held_out
 
 
 def test_a_model_path_that_is_no_model_exits_2_at_once_and_leaves_no_run_folder(tmp_path: Path) -> None:

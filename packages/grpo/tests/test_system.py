@@ -98,6 +98,8 @@ def test_evaluate_a_run_directory(tmp_path: Path) -> None:
     train(config, tmp_path / "run")
     result = evaluate(tmp_path / "run", num_prompts=16)
     assert 0.0 <= result["accuracy"] <= 1.0 and result["step"] == 1.0
+    assert result["eval_prompts"] == 16.0
+    assert evaluate(tmp_path / "run")["eval_prompts"] == 64.0  # the run's eval.num_prompts (SMALL)
 
 
 def test_ctrl_c_saves_a_checkpoint_and_returns(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ STEP = "step"
 REWARD = "reward_mean"
 ACCURACY = "accuracy"  # greedy accuracy on held-out prompts, on eval steps only
 EVAL_REWARD = "eval_reward"  # mean reward of the greedy held-out responses
+EVAL_PROMPTS = "eval_prompts"  # how many held-out prompts that evaluation decoded
 TRAIN_ACCURACY = "train_accuracy"  # share of sampled responses that were correct, every step
 KL = "kl"
 TOKENS_PER_S = "tokens_per_s"

@@ -84,21 +84,19 @@ def print_summary(
     console.print(table)
 
 
-def print_evaluation(
-    console: Console, path: Path, result: Mapping[str, float], num_prompts: int | None
-) -> None:
+def print_evaluation(console: Console, path: Path, result: Mapping[str, float]) -> None:
     """Greedy accuracy and mean reward of an evaluation (`entrepot.grpo.evaluate`'s result)."""
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title="evaluation", caption=escape(str(path)), show_header=False)
+    # On its own line and never wrapped by rich, so the path stays whole (and copyable) on any width.
+    console.print(f"evaluated: {escape(str(path))}", soft_wrap=True)
+    table = Table(title="evaluation", show_header=False)
     table.add_column(style="bold")
     table.add_column()
-    step = m.number(result, m.STEP)
+    step, num_prompts = m.number(result, m.STEP), m.number(result, m.EVAL_PROMPTS)
     table.add_row("checkpoint step", "-" if step is None else str(int(step)))
-    table.add_row(
-        "held-out prompts", "the run's eval.num_prompts" if num_prompts is None else str(num_prompts)
-    )
+    table.add_row("held-out prompts", "-" if num_prompts is None else str(int(num_prompts)))
     table.add_row("accuracy (greedy)", _fmt(m.number(result, m.ACCURACY)))
     table.add_row("reward (mean)", _fmt(m.number(result, m.EVAL_REWARD)))
     console.print(table)

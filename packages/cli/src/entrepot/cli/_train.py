@@ -136,5 +136,4 @@ def run_evaluation(path: Path, num_prompts: int | None) -> None:
     from entrepot.cli._report import print_evaluation
     from entrepot.grpo import evaluate
 
-    result = evaluate(path, num_prompts)
-    print_evaluation(Console(), path, result, num_prompts)
+    print_evaluation(Console(), path, evaluate(path, num_prompts))

@@ -19,7 +19,10 @@ __all__ = ["greedy_eval"]
 def greedy_eval(
     engine: RolloutEngine, setup: TaskSetup, config: GRPOConfig, num_prompts: int | None = None
 ) -> dict[str, float]:
-    """Greedy-decode held-out prompts with `engine`; returns eval accuracy and mean reward."""
+    """Greedy-decode held-out prompts with `engine`; returns accuracy, mean reward and the prompt count.
+
+    The count is what was evaluated: a prompt file's held-out set may hold fewer than asked for.
+    """
     tok = setup.tokenizer
     samples = setup.source.held_out(num_prompts or config.eval.num_prompts)
     prompts = [encode_prompt(setup, s.prompt, config.data.max_prompt_tokens) for s in samples]
@@ -34,4 +37,5 @@ def greedy_eval(
     return {
         "accuracy": float(torch.tensor(correct).ge(1.0).float().mean()),
         "eval_reward": float(torch.tensor(reward).mean()),
+        "eval_prompts": float(len(samples)),
     }
