@@ -10,6 +10,8 @@ they arrive, and the first step ends when metrics.jsonl gets its first line. Pha
 
 Runs alternate between the two settings so that machine load hits both alike; the table gives the
 median of each phase and the ratio of the Ray run's time to first step to the one-process run's.
+`python -c "import torch"`, timed in the same run, says how fast the machine was (on this shared
+machine it varied 1.3-2.5 s between hours, and start-up with it).
 
     python packages/cli/benchmarks/bench_first_step.py [--repeats 3]
 """
@@ -56,7 +58,7 @@ def _first_step(overrides: list[str]) -> dict[str, float]:
             raise SystemExit(f"{command} failed:\n" + "".join(text for _, text in lines))
     times = {"starting": 0.0, "started": 0.0}
     for at, text in lines:
-        if text.startswith("starting ") and not times["starting"]:
+        if text.startswith(("starting ", "loading ")) and not times["starting"]:
             times["starting"] = at - start
         if (found := _STARTED.search(text)) is not None:
             times["started"] = at - start
@@ -65,6 +67,12 @@ def _first_step(overrides: list[str]) -> dict[str, float]:
                 times[name] = seconds
     times["first step"] = step_done
     return times
+
+
+def _seconds(command: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(command, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -85,6 +93,8 @@ def main() -> None:
         phases["step 1"] = med["first step"] - med["started"]
         print(f"  {name}: first step at {med['first step']:.1f} s = " + " + ".join(
             f"{phase} {seconds:.1f}" for phase, seconds in phases.items()))  # fmt: skip
+    torch_import = statistics.median(_seconds([sys.executable, "-c", "import torch"]) for _ in range(3))
+    print(f"  machine speed: python -c 'import torch' {torch_import:.1f} s (median of 3)")
     ray, local = (first[name] for name in SETTINGS)
     print(f"time to first step, Ray / one process: {ray / local:.2f}x (target: Ray <= 15 s, idle machine)")
 
