@@ -13,13 +13,18 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from entrepot.cli import _metrics as m
 from entrepot.cli._errors import CLIUsageError, one_line
 from entrepot.cli._run_dir import new_run_dir, resume_config_path
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from entrepot.grpo.errors import StageError
 
 INTERRUPTED_EXIT_CODE = 130  # the shell convention for "stopped by Ctrl-C"
 STAGE_FAILED_EXIT_CODE = 1  # a worker failed; not a usage mistake (2), so scripts can tell them apart
@@ -110,7 +115,7 @@ def run_training(request: TrainRequest) -> int:
     return 0
 
 
-def _stage_failed(error: Any, run_dir: Path, console: Any) -> int:
+def _stage_failed(error: StageError, run_dir: Path, console: Console) -> int:
     """Report a failed stage on one line, keep the worker's traceback in the run's error.log."""
     from rich.markup import escape
 
