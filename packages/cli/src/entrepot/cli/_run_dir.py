@@ -10,15 +10,15 @@ from entrepot.cli._errors import CLIUsageError
 CONFIG_FILE = "config.yaml"
 
 
-def new_run_dir(output_dir: Path, name: str, now: float | None = None) -> Path:
-    """Create and return `output_dir/<name>-<YYYYmmdd-HHMMSS>` (a `-N` suffix if that already exists)."""
+def unused_run_dir(output_dir: Path, name: str, now: float | None = None) -> Path:
+    """`output_dir/<name>-<YYYYmmdd-HHMMSS>` (a `-N` suffix if that already exists), not created here:
+    `entrepot.grpo.train` creates it once the config's machine and input checks pass."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
     base = output_dir / f"{name}-{stamp}"
     candidate, suffix = base, 1
     while candidate.exists():
         candidate = base.with_name(f"{base.name}-{suffix}")
         suffix += 1
-    candidate.mkdir(parents=True)
     return candidate
 
 

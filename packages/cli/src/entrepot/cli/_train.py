@@ -1,9 +1,10 @@
 """What `rl grpo train` and `rl grpo eval` do, kept out of the Typer signatures.
 
-Order of work: resolve and check the config and its inputs first (nothing is created for a bad
-config), then create the run directory (removed again if the run fails or is stopped before its
-first step), train with the live display fed by `on_step` (entrepot.grpo.train writes config.yaml,
-metrics.jsonl and the checkpoints), and finally write the plot and print the summary.
+Order of work: resolve the config, pick an unused run directory (entrepot.grpo.train creates it
+only once the config's machine and input checks pass; it is removed again if the run fails or is
+stopped before its first step), train with the live display fed by `on_step` (entrepot.grpo.train
+writes config.yaml, metrics.jsonl and the checkpoints), and finally write the plot and print the
+summary.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import typer
 
 from entrepot.cli import _metrics as m
 from entrepot.cli._errors import CLIUsageError, one_line
-from entrepot.cli._run_dir import new_run_dir, resume_config_path
+from entrepot.cli._run_dir import resume_config_path, unused_run_dir
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -48,7 +49,6 @@ def run_training(request: TrainRequest) -> int:
     from rich.markup import escape
 
     from entrepot.grpo.config import load_config
-    from entrepot.grpo.preflight import check_inputs, check_machine
 
     console = Console()
     if request.resume is not None:
@@ -61,9 +61,7 @@ def run_training(request: TrainRequest) -> int:
         run_dir = request.resume
     else:
         config = load_config(request.config, request.overrides)
-        check_machine(config)  # train() checks again; here so that a bad start creates no folder
-        check_inputs(config)
-        run_dir = new_run_dir(request.output_dir, config.name)
+        run_dir = unused_run_dir(request.output_dir, config.name)  # train() creates it after its checks
     console.print(f"run directory: [bold]{escape(str(run_dir))}[/]")
 
     from entrepot.cli._interrupt import StepBoundaryInterrupt

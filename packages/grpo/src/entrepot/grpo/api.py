@@ -40,7 +40,8 @@ def train(
 
     Args:
         config: the run configuration (`load_config(...)` or `GRPOConfig()`).
-        run_dir: receives config.yaml, metrics.jsonl, checkpoints/.
+        run_dir: receives config.yaml, metrics.jsonl, checkpoints/; created only once
+            `check_machine` and `check_inputs` pass (a config that cannot start leaves nothing).
         resume: continue from the newest checkpoint in `run_dir`.
         on_step: called with each step's metrics dict (e.g. for a live display).
         on_startup: called with a line for each start-up phase as it begins.
