@@ -9,6 +9,7 @@ __all__ = [
     "GRPOError",
     "LogpMismatchError",
     "RewardError",
+    "RewardModelError",
     "StageError",
     "UnknownRewardError",
 ]
@@ -31,6 +32,13 @@ class DataError(GRPOError, ValueError):
 
 class RewardError(GRPOError, ValueError):
     """A reward verifier could not be registered, resolved or applied."""
+
+
+class RewardModelError(GRPOError, ValueError):
+    """A learned reward model's directory is not one this package can load, or a text it cannot score.
+
+    The message names the directory, what is wrong and what is expected (and the row, for a text).
+    """
 
 
 class UnknownRewardError(RewardError, KeyError):
