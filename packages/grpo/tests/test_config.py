@@ -94,7 +94,6 @@ def test_file_errors(tmp_path: Path) -> None:
             ["engine.train=megatron", "parallel.train.tensor=2", "resources.use_ray=false"],
             "resources.use_ray",
         ),
-        (["engine.offload_reference=true"], "engine.offload_reference"),
     ],
 )
 def test_impossible_layouts_are_refused_naming_the_key(overrides: list[str], key: str) -> None:
@@ -104,6 +103,36 @@ def test_impossible_layouts_are_refused_naming_the_key(overrides: list[str], key
 
     with pytest.raises(GRPOConfigError, match="^" + re.escape(key) + r" \("):
         load_config(None, overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["resources.num_reference_workers=2"], "resources.num_reference_workers"),  # co-located role
+        (["resources.num_reward_model_workers=1"], "resources.num_reward_model_workers"),
+        (["resources.colocate=false", "resources.use_ray=false"], "resources.colocate"),
+        (["resources.colocate=false", "engine.train=megatron"], "resources.colocate"),
+        (["resources.colocate=false", "engine.offload_reference=true"], "engine.offload_reference"),
+        (["resources.colocate=false", "engine.offload_reward_models=true"], "engine.offload_reward_models"),
+        (["algorithm.kl_coef=0", "model.ref_model_load_path=/somewhere"], "model.ref_model_load_path"),
+        (["reward.verifiers={}"], "reward.verifiers"),  # nothing scores
+        (["reward.model_micro_batch=0"], "reward.model_micro_batch"),
+    ],
+)
+def test_deployments_that_cannot_hold_together_are_refused(overrides: list[str], key: str) -> None:
+    import re
+
+    with pytest.raises(GRPOConfigError, match="^" + re.escape(key) + r" \("):
+        load_config(None, overrides)
+
+
+def test_offload_of_co_located_models_follows_the_device_unless_set() -> None:
+    cpu = load_config(None, [])
+    assert not cpu.engine.reference_offloaded and not cpu.engine.reward_models_offloaded
+    gpu = load_config(None, ["engine.device=cuda"])
+    assert gpu.engine.reference_offloaded and gpu.engine.reward_models_offloaded
+    mixed = load_config(None, ["engine.offload_reference=true", "engine.offload_reward_models=false"])
+    assert mixed.engine.reference_offloaded and not mixed.engine.reward_models_offloaded
 
 
 def test_check_machine_refuses_a_device_this_machine_lacks() -> None:

@@ -103,3 +103,29 @@ def test_megatron_trains_and_resumes_bit_identically(  # type: ignore[no-untyped
         assert all(torch.equal(a[k], b[k]) for k in a), shard
         assert any(not torch.equal(a[k], start[k]) for k in a)
     assert (full / "checkpoints" / "step_000003" / "hf" / "config.json").is_file()
+
+
+def test_megatron_reference_from_its_own_path_is_kept_on_resume(tmp_path: Path) -> None:
+    """`model.ref_model_load_path` converted to megatron's layout, offloaded between stages, resumed."""
+    from tests_support_models import built_default_dir
+
+    from entrepot.resharding.adaptors import get_adaptor
+
+    ref_dir = built_default_dir(tmp_path / "ref", seed=123)
+    hf = load_file(str(ref_dir / "model.safetensors"))
+    from transformers import AutoConfig
+
+    adaptor = get_adaptor("GPT2LMHeadModel", AutoConfig.from_pretrained(ref_dir))
+    expected = adaptor.hf_to_train(hf)
+    overrides = ["engine.train=megatron", "resources.use_ray=false", "logging.tensorboard=false",
+                 "eval.every=0", "eval.num_prompts=16", "rollout.prompts_per_step=4",
+                 "checkpoint.save_every=1", "checkpoint.keep_last=0", "engine.offload_reference=true",
+                 f"model.ref_model_load_path={ref_dir}"]  # fmt: skip
+    run = tmp_path / "run"
+    train(load_config(None, [*overrides, "max_steps=1"]), run)
+    train(load_config(None, [*overrides, "max_steps=2"]), run, resume=True)
+    assert read_metrics(run / "metrics.jsonl")[0]["kl"] > 1e-3  # not the initial policy
+    for step in ("step_000001", "step_000002"):
+        saved = load_file(str(run / "checkpoints" / step / "reference.safetensors"))
+        assert saved and saved.keys() <= expected.keys()
+        assert all(torch.equal(saved[k], expected[k]) for k in saved), step

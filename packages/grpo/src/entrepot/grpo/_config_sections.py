@@ -98,6 +98,13 @@ class ModelConfig:
         default=32, metadata=_doc("Positions of the built decoder (prompt + response tokens).")
     )
     init_std: float = field(default=0.02, metadata=_doc("Std of the normal init of the built decoder."))
+    ref_model_load_path: str | None = field(
+        default=None,
+        metadata=_doc(
+            "Local HF model directory of the reference (the KL anchor), same vocabulary as the policy "
+            "(and, with engine.train=megatron, the same shape); None = the policy's initial weights."
+        ),
+    )
 
     def __post_init__(self) -> None:
         _check_choice("model.architecture", self.architecture, typing.get_args(Architecture))
@@ -314,6 +321,21 @@ class RewardConfig:
     accuracy_verifier: str = field(
         default="exact_match", metadata=_doc("Verifier whose score >= 1 counts as a correct answer.")
     )
+    models: dict[str, float] = field(
+        default_factory=dict,
+        metadata=_doc(
+            "Learned reward models: local HF directory -> weight. A sequence-classification model "
+            "(num_labels 1) or a causal LM with a TRL value head; each scores prompt + response with "
+            "its own tokenizer, and the weighted scores add to the verifiers'."
+        ),
+    )
+    model_micro_batch: int = field(default=16, metadata=_doc("Sequences per forward pass of a reward model."))
+
+    def __post_init__(self) -> None:
+        _check(self.model_micro_batch >= 1, "reward.model_micro_batch", self.model_micro_batch, ">= 1")
+        for path, weight in self.models.items():
+            _check(bool(path), "reward.models", self.models, "local directory -> weight, no empty path")
+            _check(isinstance(weight, (int, float)), f"reward.models.{path}", weight, "a number")
 
 
 @dataclass(kw_only=True)
@@ -346,9 +368,18 @@ class EngineConfig:
     offload_optimizer: bool = field(
         default=False, metadata=_doc("Free the optimizer state on the device outside the update.")
     )
-    offload_reference: bool = field(
-        default=False,
-        metadata=_doc("Keep the reference model in host memory between its uses (megatron engine)."),
+    offload_reference: bool | None = field(
+        default=None,
+        metadata=_doc(
+            "Keep the co-located reference in host memory outside its stage; null = on an accelerator "
+            "(cuda, npu), not on CPU (where host memory is the device)."
+        ),
+    )
+    offload_reward_models: bool | None = field(
+        default=None,
+        metadata=_doc(
+            "Keep co-located reward models in host memory outside their stage; null = as offload_reference."
+        ),
     )
     reshard_bucket_mb: int = field(
         default=256, metadata=_doc("Scratch MiB per rank and round of the train -> infer resharding.")
@@ -396,17 +427,28 @@ class EngineConfig:
             "cpu, cuda[:i] or npu[:i]",
         )
         _check(self.reshard_bucket_mb >= 1, "engine.reshard_bucket_mb", self.reshard_bucket_mb, ">= 1")
-        _check(
-            not self.offload_reference or self.train == "megatron",
-            "engine.offload_reference",
-            True,
-            "false with engine.train=torch (its reference stays resident)",
-        )
 
     @property
     def offload_any(self) -> bool:
         """Whether any training state leaves the device while generating."""
         return self.offload_params or self.offload_grads or self.offload_optimizer
+
+    @property
+    def on_accelerator(self) -> bool:
+        """Whether the workers compute on a cuda or npu device."""
+        return self.device.split(":")[0] in ("cuda", "npu")
+
+    @property
+    def reference_offloaded(self) -> bool:
+        """Whether a co-located reference leaves the device outside its stage (null: on accelerators)."""
+        return self.on_accelerator if self.offload_reference is None else self.offload_reference
+
+    @property
+    def reward_models_offloaded(self) -> bool:
+        """Whether co-located reward models leave the device outside their stage."""
+        if self.offload_reward_models is None:
+            return self.reference_offloaded
+        return self.offload_reward_models
 
 
 @dataclass(kw_only=True)
@@ -575,6 +617,26 @@ class ResourcesConfig:
         ),
     )
     num_reward_workers: int = field(default=1, metadata=_doc("Rule-reward workers."))
+    colocate: bool = field(
+        default=True,
+        metadata=_doc(
+            "true: the reference and the reward models time-share the actor ranks' devices (each on the "
+            "device only for its stage when offloaded); false: they run on their own Ray workers and "
+            "resources, overlapping with the actor where the dock allows (engine.train=torch)."
+        ),
+    )
+    num_reference_workers: int | None = field(
+        default=None,
+        metadata=_doc(
+            "resources.colocate=false: reference workers (null = 1); must be null when co-located."
+        ),
+    )
+    num_reward_model_workers: int | None = field(
+        default=None,
+        metadata=_doc(
+            "resources.colocate=false: reward-model workers (null = 1); must be null when co-located."
+        ),
+    )
     blocking: bool = field(
         default=True,
         metadata=_doc("Run stages one after another; False lets stages overlap through the dock."),
@@ -597,6 +659,23 @@ class ResourcesConfig:
             self.num_cpus_per_worker >= 0, "resources.num_cpus_per_worker", self.num_cpus_per_worker, ">= 0"
         )
         _check(self.stage_timeout_s > 0, "resources.stage_timeout_s", self.stage_timeout_s, "> 0")
+        for name in ("num_reference_workers", "num_reward_model_workers"):
+            count = getattr(self, name)
+            if count is None:
+                continue
+            _check(count >= 1, f"resources.{name}", count, ">= 1 or null")
+            _check(not self.colocate, f"resources.{name}", count,
+                   "null with resources.colocate=true (the role runs inside the actor ranks)")  # fmt: skip
+
+    @property
+    def reference_workers(self) -> int:
+        """Workers of the separate reference group (resources.colocate=false)."""
+        return self.num_reference_workers or 1
+
+    @property
+    def reward_model_workers(self) -> int:
+        """Workers of the separate reward-model group (resources.colocate=false)."""
+        return self.num_reward_model_workers or 1
 
 
 @dataclass(kw_only=True)
@@ -695,7 +774,16 @@ class GRPOConfig:
         _check(self.max_steps >= 1, "max_steps", self.max_steps, ">= 1")
         _check(bool(self.name) and "/" not in self.name, "name", self.name, "a non-empty name without '/'")
         _check(
-            bool(self.reward.verifiers), "reward.verifiers", self.reward.verifiers, "at least one verifier"
+            bool(self.reward.verifiers or self.reward.models),
+            "reward.verifiers",
+            self.reward.verifiers,
+            "at least one verifier (or a reward model in reward.models)",
+        )
+        _check(
+            self.model.ref_model_load_path is None or self.algorithm.kl_coef > 0,
+            "model.ref_model_load_path",
+            self.model.ref_model_load_path,
+            "null with algorithm.kl_coef=0 (no reference is used)",
         )
         _check(
             self.model.path is not None or self.data.task in ("reverse", "addition"),
@@ -705,6 +793,7 @@ class GRPOConfig:
         )
         self._check_batches()
         self._check_workers()
+        self._check_colocation()
         self._check_parallel()
         self._check_positions()
         self._check_token_budgets()
@@ -750,6 +839,24 @@ class GRPOConfig:
             workers,
             "1 when resources.use_ray is false",
         )
+
+    def _check_colocation(self) -> None:
+        """Separate reference / reward-model workers need Ray and the torch engine; offload is co-located."""
+        if self.resources.colocate:
+            return
+        _check(self.resources.use_ray, "resources.colocate", False,
+               "true when resources.use_ray is false (separate workers are Ray actors)")  # fmt: skip
+        _check(
+            self.engine.train == "torch",
+            "resources.colocate",
+            False,
+            "true with engine.train=megatron (the separate reference worker computes with the torch "
+            "engine; megatron's reference runs in the actor ranks)",
+        )
+        for name in ("offload_reference", "offload_reward_models"):
+            _check(not getattr(self.engine, name), f"engine.{name}", True,
+                   "false or null with resources.colocate=false (the model has its own worker: "
+                   "nothing shares its device)")  # fmt: skip
 
     def _check_parallel(self) -> None:
         """The training / rollout layouts must fit the engines, the model and the ranks."""

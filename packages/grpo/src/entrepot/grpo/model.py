@@ -76,29 +76,27 @@ def build_model(
     return AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager")
 
 
-def _model_directory(path: str | Path) -> Path:
+def _model_directory(path: str | Path, key: str = "model.path") -> Path:
     directory = Path(path)
     if not (directory / "config.json").is_file():
-        raise DataError(
-            f"model.path ({str(directory)!r}) must be a local HF model directory with config.json"
-        )
+        raise DataError(f"{key} ({str(directory)!r}) must be a local HF model directory with config.json")
     return directory
 
 
-def _load_failed(directory: Path, what: str, exc: Exception) -> DataError:
+def _load_failed(directory: Path, what: str, exc: Exception, key: str = "model.path") -> DataError:
     reason = " ".join(str(exc).split()) or type(exc).__name__
-    return DataError(f"model.path ({str(directory)!r}): its {what} does not load: {reason}")
+    return DataError(f"{key} ({str(directory)!r}): its {what} does not load: {reason}")
 
 
-def load_model_config(path: str | Path) -> Any:
-    """The HF config of a local model directory; a `DataError` naming model.path when it will not load."""
+def load_model_config(path: str | Path, key: str = "model.path") -> Any:
+    """The HF config of a local model directory; a `DataError` naming `key` when it will not load."""
     from transformers import AutoConfig
 
-    directory = _model_directory(path)
+    directory = _model_directory(path, key)
     try:
         return AutoConfig.from_pretrained(directory, local_files_only=True)
     except (OSError, ValueError) as exc:
-        raise _load_failed(directory, "config.json", exc) from None
+        raise _load_failed(directory, "config.json", exc, key) from None
 
 
 def load_tokenizer(path: str | Path) -> Any:
@@ -120,10 +118,16 @@ def load_tokenizer(path: str | Path) -> Any:
     return tokenizer
 
 
-def load_pretrained(path: str | Path) -> tuple[torch.nn.Module, Any]:
-    """Load a causal LM and its tokenizer from a local HF model directory (never from the hub)."""
+def load_pretrained(
+    path: str | Path, *, with_tokenizer: bool = True, key: str = "model.path"
+) -> tuple[torch.nn.Module, Any]:
+    """Load a causal LM and its tokenizer (None unless `with_tokenizer`) from a local HF model directory.
+
+    Never from the hub; `key` is the config key errors name.
+    """
     from transformers import AutoModelForCausalLM
 
-    tokenizer = load_tokenizer(path)
-    model = AutoModelForCausalLM.from_pretrained(Path(path), local_files_only=True, dtype=torch.float32)
+    tokenizer = load_tokenizer(path) if with_tokenizer else None
+    model = AutoModelForCausalLM.from_pretrained(_model_directory(path, key), local_files_only=True,
+                                                 dtype=torch.float32)  # fmt: skip
     return model, tokenizer

@@ -20,7 +20,15 @@ from entrepot.grpo.model import build_model, load_pretrained
 from entrepot.grpo.optim import build_optimizer
 from entrepot.grpo.rollout import GPT2RolloutEngine, SamplingParams
 
-__all__ = ["Policy", "build_policy", "export_hf", "sampling_generator", "total_optimizer_steps"]
+__all__ = [
+    "Policy",
+    "build_policy",
+    "export_hf",
+    "initial_model",
+    "load_reference",
+    "sampling_generator",
+    "total_optimizer_steps",
+]
 
 
 @dataclass
@@ -64,12 +72,11 @@ def sampling_generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed + 7919)
 
 
-def build_policy(config: GRPOConfig, run_dir: str | Path | None = None) -> Policy:
-    """Build (or load from `model.path`) the policy; every rank builds identical initial weights.
+def initial_model(config: GRPOConfig) -> tuple[torch.nn.Module, TaskSetup]:
+    """The policy's initial weights (built from the seed, or loaded from `model.path`) and the task.
 
-    With engine.train=megatron, megatron-core's parallel state must be initialised already
-    (`entrepot.grpo.megatron.init_model_parallel`). With engine.rollout=vllm the built default model
-    is saved for vLLM as `run_dir`/rollout_model (a temporary directory when `run_dir` is None).
+    Every process that calls it gets identical weights: the actor ranks, and a separate reference
+    worker anchored at the initial policy.
     """
     torch.manual_seed(config.seed)
     tokenizer = None
@@ -80,22 +87,53 @@ def build_policy(config: GRPOConfig, run_dir: str | Path | None = None) -> Polic
     if config.model.path is None:
         model = build_model(config.model, tok.vocab_size, pad_token_id=tok.pad_token_id,
                             eos_token_id=tok.eos_token_id)  # fmt: skip
+    return model, setup
+
+
+def load_reference(path: str | Path, policy: torch.nn.Module) -> torch.nn.Module:
+    """The reference of `model.ref_model_load_path`; a `DataError` if its vocabulary is not the policy's."""
+    from entrepot.grpo.errors import DataError
+
+    reference, _ = load_pretrained(path, with_tokenizer=False, key="model.ref_model_load_path")
+    ours, theirs = getattr(policy.config, "vocab_size", None), getattr(reference.config, "vocab_size", None)
+    if ours != theirs:
+        raise DataError(
+            f"model.ref_model_load_path ({str(path)!r}) has a vocabulary of {theirs} tokens, the policy "
+            f"{ours}: log-probs of one token id must mean the same token under both"
+        )
+    return reference
+
+
+def build_policy(config: GRPOConfig, run_dir: str | Path | None = None) -> Policy:
+    """Build (or load from `model.path`) the policy; every rank builds identical initial weights.
+
+    With engine.train=megatron, megatron-core's parallel state must be initialised already
+    (`entrepot.grpo.megatron.init_model_parallel`). With engine.rollout=vllm the built default model
+    is saved for vLLM as `run_dir`/rollout_model (a temporary directory when `run_dir` is None).
+    The reference is co-located here unless `resources.colocate` is false (its own workers).
+    """
+    model, setup = initial_model(config)
+    tok = setup.tokenizer
     sampling = SamplingParams(
         temperature=config.rollout.temperature, top_p=config.rollout.top_p, top_k=config.rollout.top_k,
         max_new_tokens=setup.max_new_tokens,
         stop_token_ids=(tok.eos_token_id,) if config.rollout.stop_on_eos else (),
     )  # fmt: skip
     generator = sampling_generator(config.seed)
+    own_reference = None
+    if config.model.ref_model_load_path is not None and config.resources.colocate:
+        own_reference = load_reference(config.model.ref_model_load_path, model)
     if config.engine.train == "megatron":
-        trainer, engine, manager = _megatron_policy(config, model, run_dir)
+        trainer, engine, manager = _megatron_policy(config, model, own_reference, run_dir)
     else:
-        trainer, engine, manager = _torch_policy(config, model, int(tok.pad_token_id), run_dir)
+        trainer, engine, manager = _torch_policy(config, model, own_reference, int(tok.pad_token_id), run_dir)
     return Policy(trainer, setup, engine, manager, sampling, generator, model.config)
 
 
 def _torch_policy(
-    config: GRPOConfig, model: torch.nn.Module, pad_token_id: int, run_dir: str | Path | None
-) -> tuple[Any, Any, Any]:
+    config: GRPOConfig, model: torch.nn.Module, own_reference: torch.nn.Module | None, pad_token_id: int,
+    run_dir: str | Path | None,
+) -> tuple[Any, Any, Any]:  # fmt: skip
     """The HF module trained in this process, and its rollout engine joined by a local layout conversion."""
     from entrepot.grpo.train_torch import TorchTrainer
     from entrepot.resharding import LocalResharder
@@ -103,7 +141,10 @@ def _torch_policy(
     from entrepot.resharding.engines.torch import TorchTrainingEngine
 
     model.to(config.engine.device)
-    reference = copy.deepcopy(model).requires_grad_(False) if config.algorithm.kl_coef > 0 else None
+    reference = None
+    if config.algorithm.kl_coef > 0 and config.resources.colocate:
+        reference = own_reference if own_reference is not None else copy.deepcopy(model)
+        reference = reference.to(config.engine.device).requires_grad_(False).eval()
     optimizer, scheduler = build_optimizer(model, config.algorithm, total_optimizer_steps(config))
     trainer = TorchTrainer(config, model, reference, optimizer, scheduler, pad_token_id)
     adaptor = get_adaptor(type(model).__name__, model.config)
@@ -114,13 +155,14 @@ def _torch_policy(
 
 
 def _megatron_policy(
-    config: GRPOConfig, model: torch.nn.Module, run_dir: str | Path | None
-) -> tuple[Any, Any, Any]:
+    config: GRPOConfig, model: torch.nn.Module, own_reference: torch.nn.Module | None,
+    run_dir: str | Path | None,
+) -> tuple[Any, Any, Any]:  # fmt: skip
     """megatron-core chunks of this rank, resharded every rollout into whole weights for the engine."""
     from entrepot.grpo.megatron import MegatronTrainer
     from entrepot.resharding import ParallelLayout, Resharder
 
-    trainer = MegatronTrainer(config, model)
+    trainer = MegatronTrainer(config, model, own_reference)
     # Whole weights on every rank: a tensor-parallel vLLM keeps its slice of each through its own
     # checkpoint loader (on CPU it repacks linear weights for its kernels, so shards cannot be copied in).
     resharder = Resharder(

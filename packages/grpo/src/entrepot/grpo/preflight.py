@@ -70,6 +70,9 @@ def _check_cpus(config: GRPOConfig) -> None:
         return
     actor_ranks = resources.num_actor_workers * config.parallel.train.model_parallel
     workers = actor_ranks + resources.num_reward_workers
+    if not resources.colocate:
+        workers += resources.reference_workers if config.algorithm.kl_coef > 0 else 0
+        workers += resources.reward_model_workers if config.reward.models else 0
     needed, have = workers * resources.num_cpus_per_worker, len(os.sched_getaffinity(0))
     if needed > have:
         raise GRPOConfigError(
@@ -84,7 +87,8 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
 
     Imports the custom verifiers, loads the model directory's config and tokenizer (not its
     weights), checks its shape against the parallel layout, the longest sequence and the tokenizer,
-    and reads the prompt files. With `every_prompt`
+    checks the reference directory and the reward-model directories (configs and tokenizers), and
+    reads the prompt files. With `every_prompt`
     (``rl grpo config validate``) every prompt is also encoded, so one too long for
     ``data.max_prompt_tokens`` is found before a run, not at the step that draws it.
     """
@@ -106,6 +110,12 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
                 f"model.path ({config.model.path!r}): its tokenizer has {len(tokenizer)} tokens and the "
                 f"model's embedding only {vocab} (a tokenizer from another model?)"
             )
+    _check_reference(config, tokenizer)
+    if config.reward.models:
+        from entrepot.grpo.reward_model import check_reward_model_dir
+
+        for path in config.reward.models:
+            check_reward_model_dir(path)
     if config.data.task not in ("jsonl", "parquet"):
         return
     from entrepot.grpo.data import FileDataset, build_task, encode_prompt
@@ -115,6 +125,35 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
         assert isinstance(setup.source, FileDataset)  # data.task is jsonl or parquet
         for sample in setup.source.samples():
             encode_prompt(setup, sample.prompt, config.data.max_prompt_tokens)
+
+
+_SHAPE_KEYS = ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads")
+
+
+def _check_reference(config: GRPOConfig, tokenizer: Any) -> None:
+    """`model.ref_model_load_path` loads, has the policy's vocabulary and (megatron) the policy's shape."""
+    path = config.model.ref_model_load_path
+    if path is None:
+        return
+    from entrepot.grpo.data import build_task
+    from entrepot.grpo.model import build_hf_config, load_model_config
+
+    reference = load_model_config(path, key="model.ref_model_load_path")
+    if config.model.path is not None:
+        policy = load_model_config(config.model.path)
+    else:
+        tok = build_task(config, tokenizer).tokenizer
+        policy = build_hf_config(config.model, tok.vocab_size, pad_token_id=tok.pad_token_id,
+                                 eos_token_id=tok.eos_token_id)  # fmt: skip
+    keys = ("vocab_size", *_SHAPE_KEYS) if config.engine.train == "megatron" else ("vocab_size",)
+    for key in keys:
+        ours, theirs = getattr(policy, key, None), getattr(reference, key, None)
+        if ours != theirs:
+            why = "same token ids" if key == "vocab_size" else "the same megatron chunks"
+            raise DataError(
+                f"model.ref_model_load_path ({path!r}) has {key}={theirs!r}, the policy {ours!r}: the "
+                f"reference must match the policy ({why})"
+            )
 
 
 def _check_model_shape(config: GRPOConfig, hf_config: Any) -> None:

@@ -7,12 +7,12 @@ holds; the worker calls the same methods on either (log-probs, update, state for
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import Protocol
 
 import torch
 
 from entrepot.grpo.config import GRPOConfig
+from entrepot.grpo.frozen import FrozenOnDemand
 from entrepot.grpo.sequences import ResponseBatch
 from entrepot.grpo.update import DataParallel, UpdateInputs, compute_logprobs, ppo_update
 
@@ -24,6 +24,7 @@ class Trainer(Protocol):
 
     is_last_stage: bool  # this rank computes the log-probs (the last pipeline stage)
     tp_rank: int
+    frozen_reference: FrozenOnDemand  # the reference's parameters (none without one), offloaded or not
 
     def logprobs(self, batch: ResponseBatch, pass_name: str, *, reference: bool) -> torch.Tensor | None:
         """Log-probs [R] of the response tokens (None on ranks that do not compute them)."""
@@ -66,7 +67,9 @@ class TorchTrainer:
     Args:
         config: the run's config.
         model: the training module (on its device).
-        reference: a frozen copy of the initial model, or None (kl_coef = 0).
+        reference: the frozen reference (a copy of the initial model, or `model.ref_model_load_path`),
+            or None (kl_coef = 0, or a separate reference worker); offloaded outside its stage when
+            `engine.reference_offloaded`.
         optimizer, scheduler: from `entrepot.grpo.optim.build_optimizer`.
         pad_token_id: fill of padded grids.
     """
@@ -86,12 +89,16 @@ class TorchTrainer:
         self.config, self.model, self.reference = config, model, reference
         self.optimizer, self._scheduler, self.pad_token_id = optimizer, scheduler, pad_token_id
         self.dp: DataParallel | None = None  # set by the worker once torch.distributed is up
+        reference_params = [] if reference is None else list(reference.parameters())
+        self.frozen_reference = FrozenOnDemand(reference_params, offload=config.engine.reference_offloaded)
 
     def logprobs(self, batch: ResponseBatch, pass_name: str, *, reference: bool) -> torch.Tensor:
         model = self.reference if reference else self.model
         if model is None:
-            raise RuntimeError("reference log-probs asked for but algorithm.kl_coef == 0")
-        return compute_logprobs(model, batch, self.config.batching, pass_name, pad_token_id=self.pad_token_id)
+            raise RuntimeError("reference log-probs asked for but this rank holds no reference")
+        with self.reference_resident() if reference else contextlib.nullcontext():
+            return compute_logprobs(model, batch, self.config.batching, pass_name,
+                                    pad_token_id=self.pad_token_id)  # fmt: skip
 
     def update(self, inputs: UpdateInputs) -> dict[str, float]:
         cfg = self.config
@@ -112,10 +119,9 @@ class TorchTrainer:
     def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
         return self._scheduler
 
-    @contextlib.contextmanager
-    def reference_resident(self) -> Iterator[None]:
-        """Always resident: the torch engine never offloads its reference."""
-        yield
+    def reference_resident(self) -> contextlib.AbstractContextManager[None]:
+        """The reference on the device inside the block; back in host memory after (offload_reference)."""
+        return self.frozen_reference.resident()
 
     def after_restore(self) -> None:
         """Nothing derived: HF ties weights by sharing one tensor."""

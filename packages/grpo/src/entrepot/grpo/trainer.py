@@ -2,7 +2,7 @@
 
 One iteration, every stage a dock consumer (`train_step` reads in this order):
 
-    put prompts (n samples each) -> rollout (actor in infer mode) -> rule reward
+    put prompts (n samples each) -> rollout (actor in infer mode) -> [reward models] -> rule reward
     [dynamic sampling: drop zero-variance groups, put new prompts, rollout + reward again, up to
      algorithm.max_resample_rounds rounds]
     -> reference log-probs -> old log-probs (skipped when provably equal to the current ones:
@@ -10,7 +10,8 @@ One iteration, every stage a dock consumer (`train_step` reads in this order):
     rank the rows planned for it) -> metrics -> clear
 
 The trainer calls typed methods on worker groups (`entrepot.grpo.workers`); whether the workers are
-Ray actors or objects in this process is decided once, in `launch`. With `resources.blocking`
+Ray actors or objects in this process is decided once, in `launch`. The reference and reward-model
+stages run on the actor ranks (`resources.colocate`) or on their own groups. With `resources.blocking`
 each stage waits for the previous one; without it the stages of a phase start together and wait in
 the dock for their inputs, and the first failure fails the step (`StageError`).
 """
@@ -31,7 +32,16 @@ from entrepot.grpo.data import build_task, encode_prompt
 from entrepot.grpo.losses import group_advantages, keep_varied_groups, sequence_kl
 from entrepot.grpo.metrics import MetricsWriter, dock_step_metrics, merge_rank_metrics
 from entrepot.grpo.threads import configure_threads
-from entrepot.grpo.workers import ActorWorker, Pending, RewardWorker, launch, text_tensor, wait_all
+from entrepot.grpo.workers import (
+    ActorWorker,
+    Pending,
+    ReferenceWorker,
+    RewardModelWorker,
+    RewardWorker,
+    launch,
+    text_tensor,
+    wait_all,
+)
 from entrepot.grpo.workers.group import RankInfo
 
 __all__ = ["Trainer"]
@@ -65,8 +75,7 @@ class Trainer:
         configure_threads(config.threads)
         where = "on Ray" if config.resources.use_ray else "in this process"
         ranks = config.resources.num_actor_workers * config.parallel.train.model_parallel
-        rewarders = config.resources.num_reward_workers
-        say(f"starting {ranks} actor rank(s) + {rewarders} reward worker(s) {where}")
+        say(f"starting {ranks} actor rank(s) + {_other_workers(config)} {where}")
         self.cluster = launch(config, str(self.run_dir))  # Ray (when used) and the dock; workers start
         launched = time.perf_counter()
         self.dock = self.cluster.dock
@@ -78,7 +87,12 @@ class Trainer:
         self.metrics = MetricsWriter(self.run_dir, config.logging)
         self._dock_totals: dict[str, float] = {}
         try:
-            self._wait([self.actors.call(ActorWorker.ready), self.rewards.call(RewardWorker.ready)])
+            self._wait([
+                self.actors.call(ActorWorker.ready), self.rewards.call(RewardWorker.ready),
+                *([self.cluster.references.call(ReferenceWorker.ready)] if self.cluster.references else []),
+                *([self.cluster.reward_models.call(RewardModelWorker.ready)]
+                  if self.cluster.reward_models else []),
+            ])  # fmt: skip
             ready = time.perf_counter()
             if resume:
                 say("restoring the newest checkpoint")
@@ -215,7 +229,11 @@ class Trainer:
         algo = self.config.algorithm
         count = self._share(num_groups, self.actors.ranks[0].dp_size)  # one reader per model replica
         starts: list[Callable[[], Pending[dict[str, float]]]] = []
-        if algo.kl_coef > 0:
+        references = self.cluster.references
+        if algo.kl_coef > 0 and references is not None:  # separate reference workers share the rows
+            ref_count = self._share(num_groups, len(references.ranks))
+            starts.append(lambda: references.call(ReferenceWorker.reference_logprobs, self.dock, ref_count))
+        elif algo.kl_coef > 0:
             starts.append(lambda: self.actors.call(ActorWorker.reference_logprobs, self.dock, count))
         if self._need_old(num_groups * self.config.rollout.n_samples_per_prompt):
             starts.append(lambda: self.actors.call(ActorWorker.old_logprobs, self.dock, count))
@@ -255,10 +273,22 @@ class Trainer:
         per_rewarder = self._share(count, len(self.rewards.ranks))
         stats = self._run([
             lambda: self.actors.call(ActorWorker.rollout, self.dock, per_actor),
+            *self._reward_model_stage(count),
             lambda: self.rewards.call(RewardWorker.score, self.dock, per_rewarder),
             *also,
         ])  # fmt: skip
         return rows, stats
+
+    def _reward_model_stage(self, count: int) -> list[Callable[[], Pending[dict[str, float]]]]:
+        """The reward models' stage over `count` prompt groups: on the actor ranks or their own workers."""
+        if not self.config.reward.models:
+            return []
+        separate = self.cluster.reward_models
+        if separate is not None:
+            share = self._share(count, len(separate.ranks))
+            return [lambda: separate.call(RewardModelWorker.reward_model_scores, self.dock, share)]
+        share = self._share(count, self.actors.ranks[0].dp_size)  # one scorer per model replica
+        return [lambda: self.actors.call(ActorWorker.reward_model_scores, self.dock, share)]
 
     def _sample(
         self, also: Sequence[Callable[[], Pending[dict[str, float]]]]
@@ -415,6 +445,17 @@ class Trainer:
         """Stop the workers (the Ray runtime itself stays up for the next run in this process)."""
         self.metrics.close()
         self.cluster.close()
+
+
+def _other_workers(config: GRPOConfig) -> str:
+    """The start-up line's count of the non-actor workers."""
+    resources = config.resources
+    parts = [f"{resources.num_reward_workers} reward worker(s)"]
+    if not resources.colocate and config.algorithm.kl_coef > 0:
+        parts.append(f"{resources.reference_workers} reference worker(s)")
+    if not resources.colocate and config.reward.models:
+        parts.append(f"{resources.reward_model_workers} reward-model worker(s)")
+    return " + ".join(parts)
 
 
 def _shard(rank: RankInfo) -> int:

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.errors import GRPOConfigError
+from entrepot.grpo.frozen import FrozenOnDemand
 from entrepot.grpo.losses import loss_normalizer
 from entrepot.grpo.megatron.vocab_parallel import vocab_parallel_logprobs
 from entrepot.grpo.sequences import ResponseBatch, segment_index
@@ -99,6 +100,11 @@ def _check_model_fits(config: GRPOConfig, hf_config: Any, vocab_size: int) -> No
         )
 
 
+def _weights_of(hf_model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """An HF model's state dict, detached (what the adaptor converts to the training layout)."""
+    return {n: p.detach() for n, p in hf_model.state_dict().items()}
+
+
 class MegatronTrainer:
     """The training side of a megatron actor rank (call `init_model_parallel` first).
 
@@ -106,6 +112,8 @@ class MegatronTrainer:
         config: the run's config.
         hf_model: the policy in HF form (built from the config or loaded from `model.path`); its
             weights are converted to the training layout and this rank's shard is loaded.
+        reference: the reference in HF form when it has its own weights (`model.ref_model_load_path`);
+            None: the policy's initial weights.
 
     Attributes:
         chunks: the DDP-wrapped `GPTModel` chunk(s) of this rank (one per virtual stage).
@@ -115,7 +123,9 @@ class MegatronTrainer:
         train_engine: `entrepot.resharding`'s view of the chunks for resharding (global names).
     """
 
-    def __init__(self, config: GRPOConfig, hf_model: torch.nn.Module) -> None:
+    def __init__(
+        self, config: GRPOConfig, hf_model: torch.nn.Module, reference: torch.nn.Module | None = None
+    ) -> None:
         from megatron.core import parallel_state as mpu
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.distributed.finalize_model_grads import finalize_model_grads
@@ -143,20 +153,19 @@ class MegatronTrainer:
         # Our loss is normalised over the global mini-batch: gradients are summed, never rescaled.
         self.tconfig.finalize_model_grads_func = functools.partial(_finalize_summing, finalize_model_grads)
         self.adaptor = get_adaptor(type(hf_model).__name__, hf_config)
-        full = self.adaptor.hf_to_train({n: p.detach() for n, p in hf_model.state_dict().items()})
+        full = self.adaptor.hf_to_train(_weights_of(hf_model))
         chunks = self._loaded_chunks(gpt_model_chunks(hf_config, self.tconfig), full)
         self.reference: list[torch.nn.Module] | None = None
-        self._reference_offloader = None
+        reference_params: list[torch.Tensor] = []
         if config.algorithm.kl_coef > 0:
+            ref_full = full if reference is None else self.adaptor.hf_to_train(_weights_of(reference))
             self.reference = [
                 c.requires_grad_(False).eval()
-                for c in self._loaded_chunks(gpt_model_chunks(hf_config, self.tconfig), full)
+                for c in self._loaded_chunks(gpt_model_chunks(hf_config, self.tconfig), ref_full)
             ]
-            if config.engine.offload_reference:  # host memory between its uses
-                from entrepot.resharding import Offloader
-
-                self._reference_offloader = Offloader([p for c in self.reference for p in c.parameters()])
-                self._reference_offloader.offload_params()
+            reference_params = [p for c in self.reference for p in c.parameters()]
+        # host memory between its uses (engine.offload_reference)
+        self.frozen_reference = FrozenOnDemand(reference_params, offload=config.engine.reference_offloaded)
         ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                    use_distributed_optimizer=False)  # fmt: skip
         self.chunks: list[torch.nn.Module] = [
@@ -334,18 +343,9 @@ class MegatronTrainer:
         """This rank's trainable parameters under global training names (no tied copy)."""
         return self.train_engine.named_train_parameters()
 
-    @contextlib.contextmanager
-    def reference_resident(self) -> Iterator[None]:
+    def reference_resident(self) -> contextlib.AbstractContextManager[None]:
         """The reference on the device inside the block; back in host memory after (offload_reference)."""
-        offloader = self._reference_offloader
-        if offloader is None or not offloader.is_offloaded("params"):
-            yield
-            return
-        offloader.onload_params()
-        try:
-            yield
-        finally:
-            offloader.offload_params()
+        return self.frozen_reference.resident()
 
     def named_reference(self) -> dict[str, torch.Tensor]:
         """This rank's reference parameters under global training names."""

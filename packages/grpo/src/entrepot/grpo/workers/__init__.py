@@ -1,6 +1,9 @@
 """The workers of the full system and the groups that run them.
 
-- `ActorWorker`: a co-located actor rank (train + rollout + reference), `RewardWorker`: rule rewards.
+- `ActorWorker`: a co-located actor rank (train + rollout + reference + reward models),
+  `RewardWorker`: rule rewards (plus the reward models' scores).
+- `ReferenceWorker`, `RewardModelWorker`: the reference and the reward models on their own workers
+  (`resources.colocate: false`).
 - `WorkerGroup` (`LocalWorkerGroup` in this process, `ray_group.RayWorkerGroup` on Ray), `RankInfo`,
   `wait_all`: how the trainer starts stages on every rank and collects results.
 - `launch`: the dock and the groups for a config, in this process or on Ray.
@@ -19,6 +22,7 @@ from entrepot.grpo.workers.group import (
 )
 from entrepot.grpo.workers.launch import Cluster, launch
 from entrepot.grpo.workers.reward import RewardWorker, tensor_text, text_tensor
+from entrepot.grpo.workers.separate import ReferenceWorker, RewardModelWorker
 
 __all__ = [
     "ActorWorker",
@@ -26,6 +30,8 @@ __all__ = [
     "LocalWorkerGroup",
     "Pending",
     "RankInfo",
+    "ReferenceWorker",
+    "RewardModelWorker",
     "RewardWorker",
     "WorkerGroup",
     "launch",

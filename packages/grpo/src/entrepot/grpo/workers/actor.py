@@ -1,9 +1,13 @@
-"""The co-located actor worker: rollout, reference and old log-probs, and the update, on one device.
+"""The co-located actor worker: rollout, reward models, reference and old log-probs, and the update.
 
-One instance per rank of the actor group. It holds a `Policy` (training model, rollout engine,
-reference) and switches between them with entrepot.resharding's `ShardingManager`:
+One instance per rank of the actor group, all on one device. It holds a `Policy` (training model,
+rollout engine, reference) and switches between them with entrepot.resharding's `ShardingManager`:
 `enter_infer_mode` reshards train -> infer and loads the engine; train mode onloads what the update
-needs. Every stage reads its rows from the dock in the packed layout and writes its outputs back:
+needs. With `resources.colocate` it also holds the reward models; the reference and the reward
+models are on the device only for their stage when offloaded (`engine.offload_reference`,
+`engine.offload_reward_models`). Each stage reports its peak memory (`memory/<phase>_peak_bytes`).
+
+Every stage reads its rows from the dock in the packed layout and writes its outputs back:
 responses and per-token log-probs flat with their lengths, nothing padded on the way.
 
 With several DP ranks, ref/old log-prob ranks share the rows (whoever asks takes the next ones);
@@ -14,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -23,12 +27,15 @@ from entrepot.dock import Batch, DockClient
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.errors import LogpMismatchError
 from entrepot.grpo.evaluation import greedy_eval
+from entrepot.grpo.frozen import device_bytes
 from entrepot.grpo.policy import Policy, build_policy
 from entrepot.grpo.rollout import SamplingParams
 from entrepot.grpo.rollout_vllm import LogprobRolloutEngine
 from entrepot.grpo.sequences import ResponseBatch
 from entrepot.grpo.threads import configure_threads, use_deterministic_kernels
 from entrepot.grpo.update import DataParallel, UpdateInputs
+from entrepot.grpo.workers._memory import PhaseMemory
+from entrepot.grpo.workers._model_rewards import MODEL_STAGE, ModelRewards
 from entrepot.grpo.workers._stage import DockReader, stage
 from entrepot.grpo.workers.group import RankInfo
 
@@ -150,6 +157,23 @@ class ActorWorker:
         if self.rank.world_size > 1 and config.engine.train == "torch":
             self.trainer.dp = DataParallel()
         self._exit_infer_s = 0.0
+        self.model_rewards: ModelRewards | None = None
+        if config.reward.models and config.resources.colocate:
+            self.model_rewards = ModelRewards(
+                config, self.policy.setup.tokenizer, offload=config.engine.reward_models_offloaded
+            )
+        self.memory = PhaseMemory(config.engine.device, self._device_bytes)
+
+    def _device_bytes(self) -> int:
+        """Bytes of model state on the device now: training state, rollout weights, reference, rewards."""
+        params = list(self.trainer.named_parameters().values())
+        grads = [g for p in params for g in (getattr(p, "grad", None), getattr(p, "main_grad", None))
+                 if isinstance(g, torch.Tensor)]  # fmt: skip
+        optim = [v for state in self.trainer.torch_optimizer.state.values() for v in state.values()
+                 if isinstance(v, torch.Tensor)]  # fmt: skip
+        rewards = list(self.model_rewards.params()) if self.model_rewards is not None else []
+        frozen = device_bytes([*params, *grads, *optim, *self.trainer.frozen_reference.params, *rewards])
+        return frozen + int(self.policy.engine.resident_bytes())
 
     @property
     def _writes(self) -> bool:
@@ -169,9 +193,16 @@ class ActorWorker:
     @stage("actor_rollout")
     def rollout(self, dock: DockClient, count: int) -> dict[str, float]:
         """Reshard into the engine, generate responses (`count` rows a get), put them in the dock."""
+        stats: dict[str, float] = {}
+        with self.memory.phase("rollout", stats) as sample:
+            stats.update(self._rollout(dock, count, sample))
+        return stats
+
+    def _rollout(self, dock: DockClient, count: int, sample: Callable[[], None]) -> dict[str, float]:
         policy, n = self.policy, self.config.rollout.n_samples_per_prompt
         t0 = time.perf_counter()
         policy.manager.enter_infer_mode()
+        sample()
         t1 = time.perf_counter()
         train_bytes = _train_bytes(policy.trainer.named_parameters().values())  # held while generating
         tokens = 0
@@ -194,6 +225,7 @@ class ActorWorker:
                 dock.put(columns, batch.indexes)
             tokens += int(lengths.sum())
         t2 = time.perf_counter()
+        sample()
         policy.manager.exit_infer_mode()
         self._exit_infer_s = time.perf_counter() - t2
         return {
@@ -204,12 +236,33 @@ class ActorWorker:
             **_reshard_metrics(policy.reshard_stats),
         }
 
+    @stage(MODEL_STAGE)
+    def reward_model_scores(self, dock: DockClient, count: int) -> dict[str, float]:
+        """Co-located reward models: score responses (`count` rows a get) into `model_scores`.
+
+        Each model is on the device only while it scores (when offloaded). In a model-parallel group
+        the first rank of each replica scores (every rank holds the whole reward models).
+        """
+        if self.model_rewards is None or not self.rank.reads_dock:
+            return {}
+        stats: dict[str, float] = {}
+        with self.memory.phase("reward_model", stats):
+            stats.update(self.model_rewards.run_stage(self.reader, dock, count))
+        return stats
+
     @stage("ref_log_prob")
     def reference_logprobs(self, dock: DockClient, count: int) -> dict[str, float]:
-        """Reference log-probs of response tokens (flat, per row) into the dock, `count` rows at a time."""
+        """Reference log-probs of response tokens (flat, per row) into the dock, `count` rows at a time.
+
+        The reference is onloaded once for the stage and offloaded after it (engine.offload_reference).
+        """
         t0 = time.perf_counter()
-        self._log_probs(dock, "ref_log_prob", "ref_log_prob", count, reference=True)
-        return {"time/ref": time.perf_counter() - t0}
+        stats: dict[str, float] = {}
+        with self.memory.phase("ref_log_prob", stats) as sample, self.trainer.reference_resident():
+            sample()
+            self._log_probs(dock, "ref_log_prob", "ref_log_prob", count, reference=True)
+        stats["time/ref"] = time.perf_counter() - t0
+        return stats
 
     @stage("actor_log_prob")
     def old_logprobs(self, dock: DockClient, count: int) -> dict[str, float]:
@@ -220,11 +273,14 @@ class ActorWorker:
         before the update (`LogpMismatchError`).
         """
         t0 = time.perf_counter()
-        self.policy.manager.enter_forward_mode()
+        metrics: dict[str, float] = {}
         mismatch = _Mismatch() if isinstance(self.policy.engine, LogprobRolloutEngine) else None
-        self._log_probs(dock, "actor_log_prob", "old_log_prob", count, reference=False, mismatch=mismatch)
-        self.policy.manager.exit_forward_mode()
-        metrics = {"time/old_logp": time.perf_counter() - t0}
+        with self.memory.phase("old_log_prob", metrics) as sample:
+            self.policy.manager.enter_forward_mode()
+            sample()
+            self._log_probs(dock, "actor_log_prob", "old_log_prob", count, reference=False, mismatch=mismatch)
+            self.policy.manager.exit_forward_mode()
+        metrics["time/old_logp"] = time.perf_counter() - t0
         if mismatch is not None:
             metrics.update(mismatch.metrics())
             self._check_mismatch(metrics)
@@ -266,11 +322,16 @@ class ActorWorker:
         columns = [*_SEQUENCE_COLUMNS, "advantages", *(["ref_log_prob"] if use_ref else []),
                    *(["old_log_prob"] if with_old else [])]  # fmt: skip
         inputs = self._update_inputs(dock, columns, mine, use_ref, with_old)
-        t_switch = time.perf_counter()
-        policy.manager.enter_train_mode()
-        to_train = self._exit_infer_s + time.perf_counter() - t_switch
-        metrics = self.trainer.update(inputs)
-        policy.manager.exit_train_mode()
+        memory: dict[str, float] = {}
+        with self.memory.phase("update", memory) as sample:
+            t_switch = time.perf_counter()
+            policy.manager.enter_train_mode()
+            to_train = self._exit_infer_s + time.perf_counter() - t_switch
+            sample()
+            metrics = self.trainer.update(inputs)
+            sample()  # gradients and optimizer state now exist
+            policy.manager.exit_train_mode()
+        metrics.update(memory)
         metrics["time/update"] = time.perf_counter() - t0
         metrics["time/reshard_to_train"] = to_train
         metrics["train_tokens"] = float(inputs.batch.lengths.sum()) if self.rank.reads_dock else 0.0
@@ -349,6 +410,11 @@ class ActorWorker:
         """Params, optimizer state and reference on the device (offloaded ones are 0-byte storages)."""
         with self.policy.manager.mode("train"), self.trainer.reference_resident():
             yield
+
+    def frozen_device_bytes(self) -> dict[str, int]:
+        """Bytes the reference and the reward models hold on the device now (0 when offloaded)."""
+        rewards = self.model_rewards.device_bytes() if self.model_rewards is not None else 0
+        return {"reference": self.trainer.frozen_reference.device_bytes(), "reward_models": rewards}
 
     def parameters_digest(self) -> dict[str, torch.Tensor]:
         """A copy of this rank's trainable parameters (tests compare runs bit for bit)."""

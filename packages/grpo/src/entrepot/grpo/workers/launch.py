@@ -8,26 +8,37 @@ from typing import Any
 
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.ray_start import start_ray
+from entrepot.grpo.workers._model_rewards import MODEL_SCORES
 from entrepot.grpo.workers.actor import ActorWorker
 from entrepot.grpo.workers.group import LocalWorkerGroup, RankInfo, WorkerGroup, rank_layout
 from entrepot.grpo.workers.reward import RewardWorker
+from entrepot.grpo.workers.separate import ReferenceWorker, RewardModelWorker
 
 __all__ = ["Cluster", "launch"]
 
 
 @dataclass
 class Cluster:
-    """The dock (a DockClient) and the worker groups of a run."""
+    """The dock (a DockClient) and the worker groups of a run.
+
+    `references` and `reward_models` are the separate groups of `resources.colocate: false` (None when
+    co-located, or when the run has no reference / no reward model).
+    """
 
     dock: Any
     actors: WorkerGroup[ActorWorker]
     rewards: WorkerGroup[RewardWorker]
     ray_dock_actor: Any = None  # the Ray actor behind `dock`, killed on close
+    references: WorkerGroup[ReferenceWorker] | None = None
+    reward_models: WorkerGroup[RewardModelWorker] | None = None
 
     def close(self) -> None:
         """Stop the workers and the dock actor (Ray itself stays up for the next run in this process)."""
         self.actors.close()
         self.rewards.close()
+        for group in (self.references, self.reward_models):
+            if group is not None:
+                group.close()
         if self.ray_dock_actor is not None:
             import ray
 
@@ -45,20 +56,27 @@ def launch(config: GRPOConfig, run_dir: str | None = None) -> Cluster:
 
     `run_dir` is where the actors keep files of the run (vLLM's model directory); None: temporary ones.
     """
-    from entrepot.dock import GRPODock
+    from entrepot.dock import ColumnSpec, GRPODock
 
     resources = config.resources
     dock_args: dict[str, Any] = {
         "prompts_num": config.rollout.prompts_per_step,
         "n_samples_per_prompt": config.rollout.n_samples_per_prompt,
-        # rollout_log_prob: the rollout engine's log-probs of its sampled tokens (vLLM's; flat per row)
-        "extra_columns": ("answer", "accuracy", "rollout_log_prob"),
+        # rollout_log_prob: the rollout engine's log-probs of its sampled tokens (vLLM's; flat per row);
+        # model_scores: the reward models' weighted sum (one per row)
+        "extra_columns": {
+            "answer": ColumnSpec(), "accuracy": ColumnSpec(), "rollout_log_prob": ColumnSpec(),
+            MODEL_SCORES: ColumnSpec(scalar=True),
+        },
         "seed": config.seed,
-    }
+    }  # fmt: skip
+    separate = not resources.colocate
+    wants_reference = separate and config.algorithm.kl_coef > 0
+    wants_reward_models = separate and bool(config.reward.models)
     train = config.parallel.train
     actor_ranks = rank_layout(resources.num_actor_workers, train.tensor, train.pipeline)
     reward_ranks = rank_layout(resources.num_reward_workers)
-    if not resources.use_ray:
+    if not resources.use_ray:  # (separate workers need Ray: the config refuses colocate=false here)
         return Cluster(
             dock=GRPODock(**dock_args),
             actors=LocalWorkerGroup(
@@ -77,14 +95,26 @@ def launch(config: GRPOConfig, run_dir: str | None = None) -> Cluster:
     def actor_args(rank: RankInfo) -> tuple[Any, ...]:
         return (config, rank, dist_init, run_dir)
 
-    def reward_args(rank: RankInfo) -> tuple[Any, ...]:
+    def reward_args(rank: RankInfo) -> tuple[Any, ...]:  # every role but the actor: (config, rank)
         return (config, rank)
 
     cpus = resources.num_cpus_per_worker
-    gpus = 1 if config.engine.device.startswith("cuda") else 0  # one GPU per actor rank
+    gpus = 1 if config.engine.device.startswith("cuda") else 0  # one GPU per actor rank (and separate worker)
+    references = None
+    if wants_reference:
+        references = RayWorkerGroup("reference", ReferenceWorker, rank_layout(resources.reference_workers),
+                                    reward_args, num_cpus=cpus, num_gpus=gpus)  # fmt: skip
+    reward_models = None
+    if wants_reward_models:
+        reward_models = RayWorkerGroup(
+            "reward_model", RewardModelWorker, rank_layout(resources.reward_model_workers), reward_args,
+            num_cpus=cpus, num_gpus=gpus,
+        )  # fmt: skip
     return Cluster(
         dock=dock,
         actors=RayWorkerGroup("actor", ActorWorker, actor_ranks, actor_args, num_cpus=cpus, num_gpus=gpus),
         rewards=RayWorkerGroup("reward", RewardWorker, reward_ranks, reward_args, num_cpus=cpus),
         ray_dock_actor=dock.actor,
+        references=references,
+        reward_models=reward_models,
     )

@@ -1,4 +1,8 @@
-"""The rule-reward worker: decodes responses and scores them with the configured verifiers."""
+"""The rule-reward worker: decodes responses, scores them with the configured verifiers, adds the models'.
+
+Its output is the reward stage's whatever the mix: `rm_scores` (the verifiers' weighted sum plus the
+reward models' `model_scores` when `reward.models` is set) and `accuracy` (the accuracy verifier).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from entrepot.grpo import rewards
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.data import build_task
 from entrepot.grpo.threads import configure_threads
+from entrepot.grpo.workers._model_rewards import MODEL_SCORES
 from entrepot.grpo.workers._stage import DockReader, stage
 from entrepot.grpo.workers.group import RankInfo
 
@@ -59,18 +64,21 @@ class RewardWorker:
         t0 = time.perf_counter()
         reward = self.config.reward
         n = self.config.rollout.n_samples_per_prompt
-        columns = ["responses", "response_length", "answer"]
+        with_models = bool(reward.models)  # the reward-model stage's column, ready before these rows are
+        columns = ["responses", "response_length", "answer", *([MODEL_SCORES] if with_models else [])]
         for batch in self.reader.batches(dock, "rule_reward", columns, count, min_count=n):
             responses = torch.split(batch.data["responses"], batch.lengths["responses"].tolist())
             texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
             answers = [
                 tensor_text(a) for a in torch.split(batch.data["answer"], batch.lengths["answer"].tolist())
             ]
-            scores = rewards.score(texts, answers, reward.verifiers)
+            scores = torch.tensor(rewards.score(texts, answers, reward.verifiers), dtype=torch.float32)
+            if with_models:
+                scores += batch.data[MODEL_SCORES].float()
             correct = rewards.score(texts, answers, {reward.accuracy_verifier: 1.0})
             dock.put(
                 {
-                    "rm_scores": torch.tensor(scores, dtype=torch.float32),
+                    "rm_scores": scores,
                     "accuracy": torch.tensor([float(c >= 1.0) for c in correct], dtype=torch.float32),
                 },
                 batch.indexes,

@@ -1,0 +1,88 @@
+"""The reward-model stage, shared by a co-located actor rank and a separate reward-model worker.
+
+Each configured reward model (`reward.models`: local directory -> weight) reads the prompt text and
+the response text, decoded with the policy's tokenizer, through its own tokenizer; the weighted sum
+goes into the dock's `model_scores` column, which the rule-reward stage adds to its verifiers' sum.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from entrepot.dock import Batch, DockClient
+from entrepot.grpo.config import GRPOConfig
+from entrepot.grpo.frozen import FrozenOnDemand
+from entrepot.grpo.workers._stage import DockReader
+
+__all__ = ["MODEL_SCORES", "MODEL_STAGE", "ModelRewards"]
+
+MODEL_STAGE = "reward_scores"  # the dock consumer of the reward-model stage
+MODEL_SCORES = "model_scores"  # the dock column it writes
+_COLUMNS = ["prompts", "responses", "response_length"]
+
+
+class ModelRewards:
+    """The configured reward models with their weights, each on the device only while it scores.
+
+    Args:
+        config: the run's config (`reward.models`, `reward.model_micro_batch`, `engine.device`).
+        tokenizer: the policy's tokenizer (decodes the dock's token ids to text).
+        offload: keep each model in host memory outside the stage (co-located actor ranks).
+    """
+
+    def __init__(self, config: GRPOConfig, tokenizer: Any, *, offload: bool) -> None:
+        from entrepot.grpo.reward_model import load_reward_model
+
+        self.config, self.tokenizer = config, tokenizer
+        self.models = [
+            (load_reward_model(path, config.engine.device), float(weight))
+            for path, weight in config.reward.models.items()
+        ]
+        self.frozen = [FrozenOnDemand(model.parameters(), offload=offload) for model, _ in self.models]
+
+    def __bool__(self) -> bool:
+        return bool(self.models)
+
+    def params(self) -> Iterator[torch.Tensor]:
+        """Every reward model's parameters (per-phase memory adds up their storages)."""
+        for frozen in self.frozen:
+            yield from frozen.params
+
+    def device_bytes(self) -> int:
+        """Bytes the reward models hold on the device now (0 between stages when offloaded)."""
+        return sum(frozen.device_bytes() for frozen in self.frozen)
+
+    def score(self, batch: Batch) -> torch.Tensor:
+        """Weighted model scores [B] of a packed batch of prompts and responses."""
+        prompts = torch.split(batch.data["prompts"], batch.lengths["prompts"].tolist())
+        responses = torch.split(batch.data["responses"], batch.lengths["responses"].tolist())
+        # the prompt as the policy saw it (chat template included); the response without EOS / pad
+        prompt_texts = [self.tokenizer.decode(p.tolist(), skip_special_tokens=False) for p in prompts]
+        response_texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
+        total = torch.zeros(len(prompt_texts), dtype=torch.float32)
+        micro = self.config.reward.model_micro_batch
+        for (model, weight), frozen in zip(self.models, self.frozen, strict=True):
+            with frozen.resident():
+                total += weight * model.score(prompt_texts, response_texts, micro_batch=micro)
+        return total
+
+    def run_stage(
+        self, reader: DockReader, dock: DockClient, count: int, *, writes: bool = True
+    ) -> dict[str, float]:
+        """Score unscored rows, `count` at a time, into `model_scores`; this stage's time and mean score."""
+        t0 = time.perf_counter()
+        n = self.config.rollout.n_samples_per_prompt
+        total, rows = 0.0, 0
+        for batch in reader.batches(dock, MODEL_STAGE, _COLUMNS, count, min_count=n, alone=True):
+            scores = self.score(batch)
+            if writes:
+                dock.put({MODEL_SCORES: scores}, batch.indexes)
+            total, rows = total + float(scores.sum()), rows + scores.numel()
+        stats = {"time/reward_model": time.perf_counter() - t0}
+        if rows:
+            stats["reward/model_mean"] = total / rows
+        return stats
