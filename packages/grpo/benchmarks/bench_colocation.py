@@ -143,13 +143,12 @@ def print_needs(rows: dict[str, dict[str, float]], policy_bytes: int, reward_byt
                 "update": "P + G + 2P = 4P"}  # fmt: skip
     offloaded = rows["B offloaded"]
     print("\nlargest single phase's need (P policy, E = P rollout engine, R = P reference, M reward model)")
-    print(f"{'phase':<16}{'formula':<18}{'need':>10}{'B peak':>10}  B peak sampled the need?")
+    print(f"{'phase':<16}{'formula':<18}{'need':>10}{'B peak':>10}  B peak covers the need?")
     for phase, need in needs.items():
         measured = offloaded.get(phase)
-        # on CPU a stage's peak is sampled at its start, after its onload and at its end: a model
-        # resident only in between (the engine's copy while resharding, a reward model while it
-        # scores) is not in it
-        seen = "-" if measured is None else "yes" if measured >= need else "no (resident between samples)"
+        # on CPU a stage's peak is sampled while its models are on the device and includes the peak of
+        # each mode transition in it: below the need would mean a model on the device went unseen
+        seen = "-" if measured is None else "yes" if measured >= need else "NO: below the need"
         print(f"{phase:<16}{formulas[phase]:<18}{_mb(need):>10}{_mb(measured):>10}  {seen}")
     largest = max(needs.values())
     bound = largest + bucket

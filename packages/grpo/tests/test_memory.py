@@ -55,8 +55,26 @@ def test_no_reference_without_a_kl_term() -> None:
     assert estimate_memory(load_config(None, ["algorithm.kl_coef=0"])).reference == 0
 
 
+def test_co_located_reward_models_and_reference_count_unless_on_their_own_workers(tmp_path: Path) -> None:
+    from tests_support_models import tiny_reward_model_dir
+
+    from entrepot.grpo.reward_model import load_reward_model
+
+    rm = tiny_reward_model_dir(tmp_path / "rm", "classifier", "qwen2")
+    loaded = sum(p.numel() * p.element_size() for p in load_reward_model(rm).parameters())
+    co_located = estimate_memory(load_config(None, [f"reward.models={{{rm}: 1.0}}"]))
+    assert co_located.reward_models == loaded and co_located.reference == co_located.params
+    on_gpu = estimate_memory(load_config(None, [f"reward.models={{{rm}: 1.0}}", "engine.device=cuda"]))
+    host = on_gpu.stages[on_gpu.peak_stage][1]  # on an accelerator both wait in host memory by default
+    assert host >= on_gpu.reward_models + on_gpu.reference
+    rm_models = f"reward.models={{{rm}: 1.0}}"
+    separate = estimate_memory(load_config(None, [rm_models, "resources.colocate=false"]))
+    assert separate.reward_models == 0 and separate.reference == 0
+
+
 def test_offload_keys_lower_the_device_peak_at_the_switch() -> None:
-    on_gpu = ["engine.device=cuda"]  # the estimate needs no GPU; preflight is what checks the machine
+    # the estimate needs no GPU (preflight is what checks the machine); the reference stays resident
+    on_gpu = ["engine.device=cuda", "engine.offload_reference=false"]
     resident = estimate_memory(load_config(None, on_gpu))
     offloaded = estimate_memory(load_config(None, [*on_gpu, *OFFLOAD]))
     assert offloaded.peak_bytes < resident.peak_bytes

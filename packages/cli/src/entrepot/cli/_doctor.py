@@ -161,13 +161,19 @@ def _ray(config: GRPOConfig) -> Section:
 
 def _memory(config: GRPOConfig, estimate: MemoryEstimate) -> Section:
     e = estimate
-    reference = "algorithm.kl_coef > 0" if e.reference else "none (algorithm.kl_coef = 0)"
+    if e.reference:
+        reference = "algorithm.kl_coef > 0"
+    elif config.algorithm.kl_coef > 0:
+        reference = "on its own workers: resources.colocate=false"
+    else:
+        reference = "none (algorithm.kl_coef = 0)"
     rows = [
         ("policy parameters", f"{e.num_params:,} (exact)"),
         ("params", f"{size(e.params)} (this rank's training shard)"),
         ("grads", size(e.grads)),
         ("optimizer", f"{size(e.optimizer)} (AdamW: 2 moments)"),
         ("reference", f"{size(e.reference)} ({reference})"),
+        ("reward models", f"{size(e.reward_models)} ({_reward_models_basis(config)})"),
         ("rollout weights", f"{size(e.rollout_weights)} (the rollout engine's own copy)"),
         ("resharded copy", f"{size(e.resharded_copy)} (allocated by the train -> rollout resharding)"),
     ]
@@ -185,6 +191,13 @@ def _memory(config: GRPOConfig, estimate: MemoryEstimate) -> Section:
     rows.append(("verdict", verdict(e)))
     title = "Memory estimate per actor rank (float32; activations and runtimes not counted)"
     return Section(title, rows)
+
+
+def _reward_models_basis(config: GRPOConfig) -> str:
+    if not config.reward.models:
+        return "none: rule verifiers only"
+    where = "co-located" if config.resources.colocate else "on their own workers: resources.colocate=false"
+    return f"{len(config.reward.models)} in reward.models, {where}"
 
 
 # -- pieces --------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""What one actor rank holds in memory: weights, gradients, optimizer state, reference, rollout copy, KV.
+"""What one actor rank holds in memory: weights, gradients, optimizer state, reference, reward models,
+rollout copy, KV.
 
 `estimate_memory(config)` answers from the config alone. The policy is instantiated on the meta
 device (shapes, no storage), so the parameter count is exact, the training shard of a rank is the
@@ -16,8 +17,10 @@ generation that follows, taken at its three fullest moments (per rank, on the ra
               or after it when the copy aliases them
     generate  params, grads, optimizer, reference, rollout weights, KV cache
 
-`engine.offload_params`, `offload_optimizer` and `offload_reference` keep theirs in host memory
-meanwhile and `offload_grads` drops the gradients (the next update starts from zero). On
+`engine.offload_params`, `offload_optimizer`, `offload_reference` and `offload_reward_models` keep
+theirs in host memory meanwhile and `offload_grads` drops the gradients (the next update starts from
+zero). With `resources.colocate: false` the reference and the reward models are on their own workers:
+an actor rank holds neither. On
 engine.device=cpu host memory is the device: offloading there moves bytes without freeing any.
 
 Left out: activations (the update's forward / backward, the logits of log-prob passes and of
@@ -59,7 +62,8 @@ class MemoryEstimate:
             engine.train=torch).
         grads: their gradients (megatron: its float32 gradient buffer).
         optimizer: AdamW's two moments per trained value.
-        reference: the frozen reference copy (0 when algorithm.kl_coef is 0: no reference).
+        reference: the frozen reference copy (0 when algorithm.kl_coef is 0, or on its own workers).
+        reward_models: the co-located reward models of `reward.models` (0 on their own workers).
         rollout_weights: the rollout engine's own copy of the weights (whole model; the slice of a
             tensor-parallel vLLM).
         resharded_copy: what the train -> rollout resharding allocates for its output (megatron:
@@ -79,6 +83,7 @@ class MemoryEstimate:
     grads: int
     optimizer: int
     reference: int
+    reward_models: int
     rollout_weights: int
     resharded_copy: int
     reshard_scratch: int
@@ -156,7 +161,8 @@ def estimate_memory(config: GRPOConfig) -> MemoryEstimate:
         params=params,
         grads=params,
         optimizer=ADAM_MOMENTS * params,
-        reference=params if config.algorithm.kl_coef > 0 else 0,
+        reference=params if config.algorithm.kl_coef > 0 and config.resources.colocate else 0,
+        reward_models=_reward_model_bytes(config) if config.resources.colocate else 0,
         rollout_weights=_rollout_weights(config, adaptor, train_state, kind),
         resharded_copy=copy,
         reshard_scratch=config.engine.reshard_bucket_mb * 2**20 if megatron else 0,
@@ -165,6 +171,29 @@ def estimate_memory(config: GRPOConfig) -> MemoryEstimate:
         stages={},
     )
     return _with_stages(estimate, config, kind, params_leave_after_load=aliases)
+
+
+def _reward_model_bytes(config: GRPOConfig) -> int:
+    """Float32 bytes of every reward model, from its config.json on the meta device (nothing is read)."""
+    from transformers import AutoConfig, AutoModel
+
+    from entrepot.grpo.reward_model import check_reward_model_dir
+
+    total = 0
+    for path in config.reward.models:
+        directory = Path(path)
+        if not (directory / "config.json").is_file():
+            raise DataError(
+                f"reward.models: {str(directory)!r} is not a local HF model directory (no config.json)"
+            )
+        hf_config = AutoConfig.from_pretrained(directory, local_files_only=True)
+        with torch.device("meta"):
+            backbone = AutoModel.from_config(hf_config, dtype=torch.float32)
+        hidden = int(getattr(hf_config, "hidden_size", 0))
+        # the scoring head: HF classifiers' `score` has no bias, TRL's value head has one
+        head = hidden + (1 if check_reward_model_dir(directory) == "value_head" else 0)
+        total += _nbytes(backbone.parameters()) + head * FLOAT32_BYTES
+    return total
 
 
 def _policy_on_meta(config: GRPOConfig) -> torch.nn.Module:
@@ -273,12 +302,14 @@ def _with_stages(
     flags, e = config.engine, estimate
     on_host = [  # offloaded state stays in host memory (the gradients are dropped instead)
         e.optimizer if flags.offload_optimizer else 0,
-        e.reference if flags.offload_reference else 0,
+        e.reference if flags.reference_offloaded else 0,
+        e.reward_models if flags.reward_models_offloaded else 0,
     ]
     resident = [
         0 if flags.offload_grads else e.grads,
         0 if flags.offload_optimizer else e.optimizer,
-        0 if flags.offload_reference else e.reference,
+        0 if flags.reference_offloaded else e.reference,
+        0 if flags.reward_models_offloaded else e.reward_models,
     ]
     idle_device, idle_host = _idle_rollout_weights(e, kind)
     params_in_load = e.params if not flags.offload_params or params_leave_after_load else 0

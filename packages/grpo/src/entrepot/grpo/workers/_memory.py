@@ -3,18 +3,26 @@
 On cuda / npu the allocator's peak over the stage. On CPU, where no allocator statistics exist, the
 largest total of bytes the worker's model state holds on the "device" (training parameters, gradients,
 optimizer state, rollout weights, reference, reward models: distinct storages) sampled at the stage's
-start, after its models are onloaded, and at its end; activations are not in it.
+start, while its models are onloaded, and at its end, and raised by the peak of each ShardingManager
+transition inside it (its record, sampled between the transition's own steps, plus what the manager
+does not track); activations are not in it.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-__all__ = ["PhaseMemory"]
+__all__ = ["PhaseMemory", "Sample"]
+
+
+class Sample(Protocol):
+    """Sample the tracked bytes now; given a ShardingManager `TransitionRecord`, also its peak."""
+
+    def __call__(self, transition: Any = None) -> None: ...
 
 
 class PhaseMemory:
@@ -37,16 +45,21 @@ class PhaseMemory:
         return "allocator" if self._allocator is not None else "tracked"
 
     @contextlib.contextmanager
-    def phase(self, name: str, stats: dict[str, float]) -> Iterator[Callable[[], None]]:
-        """Measure the block; it gets a `sample()` to call once the stage's models are onloaded."""
+    def phase(self, name: str, stats: dict[str, float]) -> Iterator[Sample]:
+        """Measure the block; it gets a `sample(transition=None)` to call while the stage's models are on."""
         if self._allocator is not None:
             self._allocator.synchronize(self.device)
             self._allocator.reset_peak_memory_stats(self.device)
         peak = self.tracked()
 
-        def sample() -> None:
+        def sample(transition: Any = None) -> None:
             nonlocal peak
-            peak = max(peak, self.tracked())
+            now = self.tracked()
+            peak = max(peak, now)
+            if transition is not None and transition.memory_source == "tracked":
+                # the record ends now: what it does not track (reference, reward models, state without
+                # an offloader) is the difference, and was held throughout the transition
+                peak = max(peak, transition.peak_bytes + now - transition.resident_bytes)
 
         yield sample
         if self._allocator is not None:

@@ -8,7 +8,7 @@ goes into the dock's `model_scores` column, which the rule-reward stage adds to 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -56,8 +56,11 @@ class ModelRewards:
         """Bytes the reward models hold on the device now (0 between stages when offloaded)."""
         return sum(frozen.device_bytes() for frozen in self.frozen)
 
-    def score(self, batch: Batch) -> torch.Tensor:
-        """Weighted model scores [B] of a packed batch of prompts and responses."""
+    def score(self, batch: Batch, sample: Callable[[], None] | None = None) -> torch.Tensor:
+        """Weighted model scores [B] of a packed batch of prompts and responses.
+
+        `sample` is called while each model is on the device (per-phase memory).
+        """
         prompts = torch.split(batch.data["prompts"], batch.lengths["prompts"].tolist())
         responses = torch.split(batch.data["responses"], batch.lengths["responses"].tolist())
         # the prompt as the policy saw it (chat template included); the response without EOS / pad
@@ -67,20 +70,21 @@ class ModelRewards:
         micro = self.config.reward.model_micro_batch
         for (model, weight), frozen in zip(self.models, self.frozen, strict=True):
             with frozen.resident():
+                if sample is not None:
+                    sample()
                 total += weight * model.score(prompt_texts, response_texts, micro_batch=micro)
         return total
 
     def run_stage(
-        self, reader: DockReader, dock: DockClient, count: int, *, writes: bool = True
+        self, reader: DockReader, dock: DockClient, count: int, *, sample: Callable[[], None] | None = None
     ) -> dict[str, float]:
         """Score unscored rows, `count` at a time, into `model_scores`; this stage's time and mean score."""
         t0 = time.perf_counter()
         n = self.config.rollout.n_samples_per_prompt
         total, rows = 0.0, 0
         for batch in reader.batches(dock, MODEL_STAGE, _COLUMNS, count, min_count=n, alone=True):
-            scores = self.score(batch)
-            if writes:
-                dock.put({MODEL_SCORES: scores}, batch.indexes)
+            scores = self.score(batch, sample)
+            dock.put({MODEL_SCORES: scores}, batch.indexes)
             total, rows = total + float(scores.sum()), rows + scores.numel()
         stats = {"time/reward_model": time.perf_counter() - t0}
         if rows:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -34,7 +34,7 @@ from entrepot.grpo.rollout_vllm import LogprobRolloutEngine
 from entrepot.grpo.sequences import ResponseBatch
 from entrepot.grpo.threads import configure_threads, use_deterministic_kernels
 from entrepot.grpo.update import DataParallel, UpdateInputs
-from entrepot.grpo.workers._memory import PhaseMemory
+from entrepot.grpo.workers._memory import PhaseMemory, Sample
 from entrepot.grpo.workers._model_rewards import MODEL_STAGE, ModelRewards
 from entrepot.grpo.workers._stage import DockReader, stage
 from entrepot.grpo.workers.group import RankInfo
@@ -198,11 +198,10 @@ class ActorWorker:
             stats.update(self._rollout(dock, count, sample))
         return stats
 
-    def _rollout(self, dock: DockClient, count: int, sample: Callable[[], None]) -> dict[str, float]:
+    def _rollout(self, dock: DockClient, count: int, sample: Sample) -> dict[str, float]:
         policy, n = self.policy, self.config.rollout.n_samples_per_prompt
         t0 = time.perf_counter()
-        policy.manager.enter_infer_mode()
-        sample()
+        sample(policy.manager.enter_infer_mode())
         t1 = time.perf_counter()
         train_bytes = _train_bytes(policy.trainer.named_parameters().values())  # held while generating
         tokens = 0
@@ -246,8 +245,8 @@ class ActorWorker:
         if self.model_rewards is None or not self.rank.reads_dock:
             return {}
         stats: dict[str, float] = {}
-        with self.memory.phase("reward_model", stats):
-            stats.update(self.model_rewards.run_stage(self.reader, dock, count))
+        with self.memory.phase("reward_model", stats) as sample:
+            stats.update(self.model_rewards.run_stage(self.reader, dock, count, sample=sample))
         return stats
 
     @stage("ref_log_prob")
@@ -276,8 +275,7 @@ class ActorWorker:
         metrics: dict[str, float] = {}
         mismatch = _Mismatch() if isinstance(self.policy.engine, LogprobRolloutEngine) else None
         with self.memory.phase("old_log_prob", metrics) as sample:
-            self.policy.manager.enter_forward_mode()
-            sample()
+            sample(self.policy.manager.enter_forward_mode())
             self._log_probs(dock, "actor_log_prob", "old_log_prob", count, reference=False, mismatch=mismatch)
             self.policy.manager.exit_forward_mode()
         metrics["time/old_logp"] = time.perf_counter() - t0
@@ -325,9 +323,8 @@ class ActorWorker:
         memory: dict[str, float] = {}
         with self.memory.phase("update", memory) as sample:
             t_switch = time.perf_counter()
-            policy.manager.enter_train_mode()
+            sample(policy.manager.enter_train_mode())
             to_train = self._exit_infer_s + time.perf_counter() - t_switch
-            sample()
             metrics = self.trainer.update(inputs)
             sample()  # gradients and optimizer state now exist
             policy.manager.exit_train_mode()
