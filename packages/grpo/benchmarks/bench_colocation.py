@@ -11,9 +11,9 @@ reference, two update epochs so that the old-log-prob stage exists), each on Ray
 | C   | colocate=false, blocking=false             | none (reference and reward model on own workers) |
 
 Printed: each stage's peak memory on the actor ranks (on CPU "tracked" bytes: model state on the
-device, see entrepot/grpo/workers/_memory.py), B's peak next to the largest single stage's need
-computed from the parameter bytes (PASS when it is within one reshard bucket of it), A / B peak, and
-the median step time of steps 2+ with the ratios B / A and C / A.
+device, see entrepot/grpo/workers/_memory.py), B's peak next to each stage's need from
+`estimate_memory`'s exact model sizes (PASS when B's step peak is within one reshard bucket of the
+largest need), A / B peak, and the median step time of steps 2+ with the ratios B / A and C / A.
 
     python packages/grpo/benchmarks/bench_colocation.py [--max-steps 3] [--kl-coef 0.04] [--out DIR]
 """
@@ -84,22 +84,16 @@ def build_reward_model(directory: Path) -> Path:
     return directory
 
 
-def param_bytes(config: Any, reward_dir: Path) -> tuple[int, int]:
-    """Bytes of the policy's parameters (as the config builds it) and of the reward model's (as loaded)."""
-    from entrepot.grpo.data import build_task
-    from entrepot.grpo.model import build_model
-    from entrepot.grpo.reward_model import load_reward_model
+def model_bytes(config: Any) -> dict[str, int]:
+    """Bytes per model of the actor rank, from `estimate_memory` (exact parameter counts, nothing built).
 
-    tokenizer = build_task(config).tokenizer
-    policy = build_model(
-        config.model, tokenizer.vocab_size, pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )  # fmt: skip
-    reward = load_reward_model(reward_dir)
-    return (
-        sum(p.numel() * p.element_size() for p in policy.parameters()),
-        sum(p.numel() * p.element_size() for p in reward.parameters()),
-    )
+    P policy params (= R reference), E the rollout engine's weights, C the copy the train -> rollout
+    resharding allocates (tensors it cannot hand over as views of the parameters), M the reward model.
+    """
+    from entrepot.grpo import estimate_memory
+
+    e = estimate_memory(config)
+    return {"P": e.params, "E": e.rollout_weights, "C": e.resharded_copy, "M": e.reward_models}
 
 
 def run(config: Any, run_dir: Path) -> tuple[list[dict[str, Any]], float]:
@@ -135,20 +129,30 @@ def print_peaks(rows: dict[str, dict[str, float]]) -> None:
         print(f"{phase:<16}" + "".join(f"{_mb(row.get(phase)):>14}" for row in rows.values()))
 
 
-def print_needs(rows: dict[str, dict[str, float]], policy_bytes: int, reward_bytes: int, bucket: int) -> None:
-    """Each phase's need from the parameter bytes next to B's peak; B's step peak against the largest."""
-    p, m = policy_bytes, reward_bytes  # E (rollout engine) = R (reference) = P
-    needs = {"rollout": 2 * p, "reward_model": m, "ref_log_prob": p, "old_log_prob": p, "update": 4 * p}
-    formulas = {"rollout": "P + E", "reward_model": "M", "ref_log_prob": "R", "old_log_prob": "P",
+def _covers(measured: float, need: int) -> str:
+    """Whether a measured peak is the phase's need: equal, or within 1 MB (AdamW's step counters)."""
+    diff = measured - need
+    if diff == 0:
+        return "yes"
+    return f"yes ({diff:+.0f} bytes)" if abs(diff) < MB else f"no ({_mb(diff)} MB)"
+
+
+def print_needs(rows: dict[str, dict[str, float]], sizes: dict[str, int], bucket: int) -> None:
+    """Each phase's need from the model bytes next to B's peak; B's step peak against the largest."""
+    p, m = sizes["P"], sizes["M"]
+    needs = {"rollout": p + sizes["C"] + sizes["E"], "reward_model": m, "ref_log_prob": p,
+             "old_log_prob": p, "update": 4 * p}  # fmt: skip
+    formulas = {"rollout": "P + C + E", "reward_model": "M", "ref_log_prob": "R = P", "old_log_prob": "P",
                 "update": "P + G + 2P = 4P"}  # fmt: skip
     offloaded = rows["B offloaded"]
-    print("\nlargest single phase's need (P policy, E = P rollout engine, R = P reference, M reward model)")
-    print(f"{'phase':<16}{'formula':<18}{'need':>10}{'B peak':>10}  B peak covers the need?")
+    print("\nlargest single phase's need (P policy = R reference, E rollout weights, C resharded copy, "
+          "M reward model; from estimate_memory)")  # fmt: skip
+    print(f"{'phase':<16}{'formula':<18}{'need':>10}{'B peak':>10}  B peak == need?")
     for phase, need in needs.items():
         measured = offloaded.get(phase)
         # on CPU a stage's peak is sampled while its models are on the device and includes the peak of
-        # each mode transition in it: below the need would mean a model on the device went unseen
-        seen = "-" if measured is None else "yes" if measured >= need else "NO: below the need"
+        # each mode transition in it: B (everything offloaded) should hold exactly what the phase needs
+        seen = "-" if measured is None else _covers(measured, need)
         print(f"{phase:<16}{formulas[phase]:<18}{_mb(need):>10}{_mb(measured):>10}  {seen}")
     largest = max(needs.values())
     bound = largest + bucket
@@ -188,17 +192,17 @@ def main() -> None:
         common = [*POLICY, *SMALL_STEPS, f"max_steps={args.max_steps}", f"algorithm.kl_coef={args.kl_coef}",
                   "algorithm.epochs=2", f"reward.models={{{reward_dir}: 1.0}}"]  # fmt: skip
         configs = {name: load_config(None, [*common, *extra]) for name, extra in RUNS.items()}
-        policy_bytes, reward_bytes = param_bytes(configs["A resident"], reward_dir)
+        sizes = model_bytes(configs["A resident"])
         runs = {name: run(config, Path(tmp) / name.split()[0]) for name, config in configs.items()}
         ray.shutdown()
     total = time.perf_counter() - started
     rows = {name: peaks(history) for name, (history, _) in runs.items()}
 
     print(f"\nco-location, {args.max_steps} steps each, kl_coef {args.kl_coef}, 2 epochs: policy "
-          f"{policy_bytes / 4e6:.1f}M params ({_mb(policy_bytes)} MB fp32), reward model "
-          f"{reward_bytes / 4e6:.1f}M params ({_mb(reward_bytes)} MB)")  # fmt: skip
+          f"{sizes['P'] / 4e6:.1f}M params ({_mb(sizes['P'])} MB fp32), reward model "
+          f"{sizes['M'] / 4e6:.1f}M params ({_mb(sizes['M'])} MB)")  # fmt: skip
     print_peaks(rows)
-    print_needs(rows, policy_bytes, reward_bytes, configs["B offloaded"].engine.reshard_bucket_mb * 2**20)
+    print_needs(rows, sizes, configs["B offloaded"].engine.reshard_bucket_mb * 2**20)
     print_times({name: step_time(history) for name, (history, _) in runs.items()})
     print(f"\nwall: {total:.1f} s (" + ", ".join(f"{name} {wall:.1f} s" for name, (_, wall) in runs.items())
           + ")")  # fmt: skip

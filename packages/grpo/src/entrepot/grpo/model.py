@@ -11,6 +11,7 @@ Its per-token log-probs (packed or padded) are computed in `entrepot.grpo.sequen
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,14 @@ from entrepot.grpo.errors import DataError
 if TYPE_CHECKING:
     from entrepot.grpo.config import ModelConfig
 
-__all__ = ["build_hf_config", "build_model", "load_model_config", "load_pretrained", "load_tokenizer"]
+__all__ = [
+    "build_hf_config",
+    "build_model",
+    "load_model_config",
+    "load_pretrained",
+    "load_tokenizer",
+    "read_tokenizer",
+]
 
 
 def build_hf_config(config: ModelConfig, vocab_size: int, *, pad_token_id: int, eos_token_id: int) -> Any:
@@ -101,18 +109,25 @@ def load_model_config(path: str | Path, key: str = "model.path") -> Any:
 
 def load_tokenizer(path: str | Path) -> Any:
     """The tokenizer of a local model directory (pad = EOS when it has none); a `DataError` if it fails."""
+    directory = _model_directory(path)
+    return read_tokenizer(directory, lambda what: DataError(f"model.path ({str(directory)!r}): {what}"))
+
+
+def read_tokenizer(directory: Path, error: Callable[[str], Exception]) -> Any:
+    """The tokenizer files of `directory` (pad = EOS when it has none); raises `error(what went wrong)`.
+
+    Shared by the policy's and the reward models' directories, whose errors name their own keys.
+    """
     from transformers import AutoTokenizer
 
-    directory = _model_directory(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
     except (OSError, ValueError, TypeError) as exc:
-        raise _load_failed(directory, "tokenizer", exc) from None
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise error(f"its tokenizer does not load: {reason}") from None
     if len(tokenizer) < 2:  # transformers builds an empty tokenizer for a directory without its files
-        raise DataError(
-            f"model.path ({str(directory)!r}): its tokenizer is empty (no tokenizer files such as "
-            "tokenizer.json or vocab.json in the directory)"
-        )
+        raise error("its tokenizer is empty (no tokenizer files such as tokenizer.json or vocab.json in the "
+                    "directory)")  # fmt: skip
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

@@ -262,20 +262,10 @@ def _value_head(files: dict[str, Path], hidden_size: int) -> torch.nn.Linear:
 
 
 def _load_tokenizer(directory: Path) -> Any:
-    from transformers import AutoTokenizer
+    from entrepot.grpo.model import read_tokenizer
 
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    except (OSError, ValueError, TypeError) as exc:
-        raise _load_failed(directory, "tokenizer", exc) from None
-    if len(tokenizer) < 2:  # transformers builds an empty tokenizer for a directory without its files
-        raise RewardModelError(
-            f"reward model {str(directory)!r}: its tokenizer is empty; expected the reward model's own "
-            "tokenizer files (such as tokenizer.json or vocab.json) in the directory"
-        )
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
+    prefix = f"reward model {str(directory)!r}"
+    return read_tokenizer(directory, lambda what: RewardModelError(f"{prefix}: {what}"))
 
 
 def _load_weights(directory: Path, auto_class: Any) -> Any:
