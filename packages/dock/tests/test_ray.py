@@ -15,6 +15,7 @@ from entrepot.dock import (  # noqa: E402
     ExperienceDock,
     GRPODock,
     GRPODockClient,
+    InvalidArgumentError,
     UnknownColumnError,
 )
 from entrepot.dock.ray import RayDockClient  # noqa: E402
@@ -62,7 +63,7 @@ class Consumer:
 
 
 def test_grpo_dock_actor_round_trip_errors_and_state(tmp_path):
-    client = RayDockClient.launch(GRPODock, prompts_num=2, n_samples_per_prompt=2)
+    client = RayDockClient.launch(GRPODock, prompts_num=2, n_samples_per_prompt=2, files_root=str(tmp_path))
     assert isinstance(client, DockClient) and isinstance(client, GRPODockClient)
     rows = client.put_prompts([torch.tensor([1, 2]), torch.tensor([3])], 2)
     assert rows.tolist() == [0, 1, 2, 3]
@@ -99,6 +100,31 @@ def test_grpo_dock_actor_round_trip_errors_and_state(tmp_path):
     assert client.progress("actor_rollout")["live"] == 0
     client.load(str(tmp_path / "dock.pt"))
     assert client.progress("actor_rollout") == {"consumed": 4, "live": 4}
+
+
+def test_the_actor_runs_only_its_public_control_methods_and_files_under_its_root(tmp_path):
+    root = tmp_path / "run"
+    root.mkdir()
+    client = RayDockClient.launch(GRPODock, prompts_num=2, n_samples_per_prompt=2, files_root=str(root))
+    client.put_prompts([torch.tensor([1, 2]), torch.tensor([3])], 2)
+    for method in ("_init_state", "__init__", "state_dict", "no_such_method"):  # private or not allowed
+        with pytest.raises(InvalidArgumentError, match=f"dock method '{method}' cannot be called"):
+            client._call(method)
+    assert client.progress("actor_rollout")["live"] == 4  # nothing was run: the rows are intact
+    for path in ("../outside.pt", str(tmp_path / "outside.pt"), "/etc/passwd"):
+        with pytest.raises(InvalidArgumentError, match="outside the dock's files_root"):
+            client.save(path)
+        with pytest.raises(InvalidArgumentError, match="outside the dock's files_root"):
+            client.load(path)
+    (root / "escape").symlink_to(tmp_path)  # a link out of the root is followed before the check
+    with pytest.raises(InvalidArgumentError, match="outside the dock's files_root"):
+        client.save("escape/outside.pt")
+    assert not (tmp_path / "outside.pt").exists()
+    client.save("dock.pt")  # relative paths are taken from the root
+    assert (root / "dock.pt").is_file()
+    unrooted = RayDockClient.launch(GRPODock, prompts_num=2, n_samples_per_prompt=2)
+    with pytest.raises(InvalidArgumentError, match="needs the actor launched with files_root="):
+        unrooted.save(str(root / "other.pt"))
 
 
 def test_client_actors_each_row_exactly_once():

@@ -117,6 +117,10 @@ def test_impossible_layouts_are_refused_naming_the_key(overrides: list[str], key
         (["algorithm.kl_coef=0", "model.ref_model_load_path=/somewhere"], "model.ref_model_load_path"),
         (["reward.verifiers={}"], "reward.verifiers"),  # nothing scores
         (["reward.model_micro_batch=0"], "reward.model_micro_batch"),
+        (["logging.metrics_file=../../x.jsonl"], "logging.metrics_file"),  # outputs stay in the run dir
+        (["logging.metrics_file=/tmp/x.jsonl"], "logging.metrics_file"),
+        (["logging.metrics_file=logs/../../x.jsonl"], "logging.metrics_file"),
+        (["logging.metrics_file="], "logging.metrics_file"),
     ],
 )
 def test_deployments_that_cannot_hold_together_are_refused(overrides: list[str], key: str) -> None:

@@ -168,3 +168,15 @@ def test_a_worker_that_fails_to_start_on_ray_raises_its_own_error(ray_session, t
     bad = ["reward.custom={mine: no_such_module:score}", "reward.verifiers={mine: 1.0}"]
     with pytest.raises(RewardError, match=r"^reward\.custom\.mine \('no_such_module:score'\) cannot be"):
         Trainer(load_config(None, [*SMALL, *bad]), tmp_path / "run")
+
+
+def test_the_ray_dock_checkpoints_inside_a_relative_run_directory(  # type: ignore[no-untyped-def]
+    ray_session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dock actor saves and loads only inside the run directory, given relative to the driver."""
+    monkeypatch.chdir(tmp_path)
+    overrides = [*SMALL, "eval.every=0", "rollout.prompts_per_step=4", "checkpoint.save_every=1"]
+    train(load_config(None, [*overrides, "max_steps=1"]), Path("run"))
+    assert (tmp_path / "run" / "checkpoints" / "step_000001" / "dock.pt").is_file()
+    result = train(load_config(None, [*overrides, "max_steps=2"]), Path("run"), resume=True)
+    assert result.steps == 2 and len(result.history) == 1

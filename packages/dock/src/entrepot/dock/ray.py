@@ -9,11 +9,16 @@ threads, puts and control calls in their own small group, so blocked getters nev
 It asks for a fraction of a CPU. Data crosses Ray as one uint8 numpy buffer per call (see _wire):
 Ray stores it in the object store once and the receiver maps it without copying; nothing is
 pickled per row or per column. The client handle is picklable: pass it to other actors.
+
+Anyone who can reach the Ray cluster can call the actor, so it runs only what a client needs: the
+methods in `CALLABLE_METHODS` (a private method or an unknown name is refused), and `save` / `load`
+only under the `files_root` it was launched with.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,7 +34,12 @@ from entrepot.dock._errors import InvalidArgumentError
 from entrepot.dock._inputs import normalize_put
 from entrepot.dock._wire import WireLayout, as_uint8, decode, encode_taken, plan, views
 
-__all__ = ["DockActor", "RayDockClient"]
+__all__ = ["CALLABLE_METHODS", "DockActor", "RayDockClient"]
+
+CALLABLE_METHODS = frozenset(
+    {"put_prompts", "peek", "all_consumed", "progress", "clear", "reset", "metrics", "save", "load"}
+)
+"""The dock methods a client may run through `DockActor.call` (puts and gets have their own calls)."""
 
 
 class DockActor:
@@ -40,10 +50,12 @@ class DockActor:
     """
 
     def __init__(
-        self, dock_cls: type[ExperienceDock], dock_kwargs: dict[str, Any], num_threads: int = 1
-    ) -> None:
+        self, dock_cls: type[ExperienceDock], dock_kwargs: dict[str, Any], num_threads: int = 1,
+        files_root: str | None = None,
+    ) -> None:  # fmt: skip
         torch.set_num_threads(num_threads)
         self._dock = dock_cls(**dock_kwargs)
+        self._files_root = None if files_root is None else Path(files_root).resolve()
 
     @ray.method(concurrency_group="put")
     def put_wire(self, layout: WireLayout, buffer: Any, indexes: torch.Tensor, completed: Any) -> None:
@@ -64,7 +76,30 @@ class DockActor:
 
     @ray.method(concurrency_group="put")
     def call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run one of `CALLABLE_METHODS` on the dock; anything else is an `InvalidArgumentError`."""
+        if method not in CALLABLE_METHODS:
+            raise InvalidArgumentError(
+                f"dock method {method!r} cannot be called through the Ray actor; allowed: "
+                + ", ".join(sorted(CALLABLE_METHODS))
+            )
+        if method in ("save", "load"):
+            args, kwargs = (self._confined(method, args[0] if args else kwargs.get("path")),), {}
         return getattr(self._dock, method)(*args, **kwargs)
+
+    def _confined(self, method: str, path: Any) -> str:
+        """`path` resolved inside `files_root` (symlinks and '..' followed first), else an error."""
+        if self._files_root is None:
+            raise InvalidArgumentError(
+                f"dock {method} through Ray needs the actor launched with files_root= (the only "
+                "directory it may write or read)"
+            )
+        target = (self._files_root / str(path)).resolve()
+        if not target.is_relative_to(self._files_root):
+            raise InvalidArgumentError(
+                f"dock {method} path {str(path)!r} resolves to {str(target)!r}, outside the dock's "
+                f"files_root {str(self._files_root)!r}"
+            )
+        return str(target)
 
 
 class RayDockClient:
@@ -81,6 +116,7 @@ class RayDockClient:
         num_cpus: float = 0.25,
         max_concurrency: int = 16,
         name: str | None = None,
+        files_root: str | None = None,
         **dock_kwargs: Any,
     ) -> RayDockClient:
         """Start a DockActor holding `dock_cls(**dock_kwargs)` and return a client for it.
@@ -90,13 +126,15 @@ class RayDockClient:
             num_cpus: the actor's CPU request (it mostly waits and copies memory).
             max_concurrency: threads serving gets (each blocked get holds one).
             name: optional Ray actor name, so other processes can `ray.get_actor` it.
+            files_root: the one directory `save` / `load` may use (paths resolve inside it; relative
+                ones are taken from it); None refuses both.
             dock_kwargs: the dock's constructor arguments.
         """
         actor_cls = ray.remote(num_cpus=num_cpus, concurrency_groups={"put": 4, "get": max_concurrency})(
             DockActor
         )
         options = {} if name is None else {"name": name}
-        return cls(actor_cls.options(**options).remote(dock_cls, dock_kwargs))
+        return cls(actor_cls.options(**options).remote(dock_cls, dock_kwargs, files_root=files_root))
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return ray.get(self.actor.call.remote(method, args, kwargs))
@@ -201,8 +239,9 @@ class RayDockClient:
         return result
 
     def save(self, path: str) -> None:
-        """Save the actor's dock to `path` (a path on the actor's node)."""
+        """Save the actor's dock to `path`, on the actor's node, inside its `files_root`."""
         self._call("save", path)
 
     def load(self, path: str) -> None:
+        """Load the actor's dock from `path`, on the actor's node, inside its `files_root`."""
         self._call("load", path)

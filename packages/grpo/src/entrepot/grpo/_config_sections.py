@@ -13,6 +13,7 @@ from __future__ import annotations
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any, Literal
 
 from entrepot.grpo.errors import GRPOConfigError
@@ -725,6 +726,16 @@ class LoggingConfig:
             "(when it is installed)."
         ),
     )
+
+    def __post_init__(self) -> None:
+        # every output of a run stays in its run directory: no absolute path, no way up
+        path = PurePosixPath(self.metrics_file.replace("\\", "/"))
+        _check(
+            bool(self.metrics_file) and not path.is_absolute() and ".." not in path.parts
+            and not PureWindowsPath(self.metrics_file).drive,
+            "logging.metrics_file", self.metrics_file,
+            "a relative path inside the run directory (no leading '/', no '..')",
+        )  # fmt: skip
 
 
 @dataclass(kw_only=True)

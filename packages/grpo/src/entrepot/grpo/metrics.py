@@ -74,7 +74,8 @@ class MetricsWriter:
     """Appends one JSON object per step to `run_dir/metrics.jsonl` (and TensorBoard when installed)."""
 
     def __init__(self, run_dir: Path, config: LoggingConfig) -> None:
-        self.path = run_dir / config.metrics_file
+        self.path = run_dir / config.metrics_file  # relative, without '..' (the config checks)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tb: Any = None
         if config.tensorboard:
             self._tb = _tensorboard_writer(run_dir / "tensorboard")

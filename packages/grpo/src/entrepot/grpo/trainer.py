@@ -401,7 +401,7 @@ class Trainer:
         states = self._wait([self.actors.call(ActorWorker.state)])[0]
         directory = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
         meta = {"step": self.step, "data_position": self.data_position, "config": config_to_dict(self.config)}
-        ckpt.write_checkpoint(directory, states, meta, dock=lambda path: self.dock.save(str(path)),
+        ckpt.write_checkpoint(directory, states, meta, dock=lambda path: self.dock.save(str(path.resolve())),
                               shards=[_shard(rank) for rank in self.actors.ranks])  # fmt: skip
         if self.config.engine.train == "megatron":  # sharded weights: also an HF directory, whole
             self._wait([self.actors.call(ActorWorker.export_hf, str(directory / "hf"))])
@@ -423,7 +423,7 @@ class Trainer:
             states.append(state)
         self._wait([self.actors.call(ActorWorker.load_state, states)])
         if (directory / "dock.pt").is_file():
-            self.dock.load(str(directory / "dock.pt"))
+            self.dock.load(str((directory / "dock.pt").resolve()))  # a Ray dock resolves from its run dir
         self.step = int(meta["step"])
         self.data_position = int(meta["data_position"])
         self.metrics.truncate(self.step)  # steps after the checkpoint run again

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from entrepot.grpo.config import GRPOConfig
@@ -89,7 +90,9 @@ def launch(config: GRPOConfig, run_dir: str | None = None) -> Cluster:
     from entrepot.grpo.workers.ray_group import RayWorkerGroup
 
     start_ray(config)
-    dock = RayDockClient.launch(GRPODock, num_cpus=0, **dock_args)
+    # the dock actor saves and loads checkpoints only inside the run directory
+    files_root = None if run_dir is None else str(Path(run_dir).resolve())  # the driver's view of it
+    dock = RayDockClient.launch(GRPODock, num_cpus=0, files_root=files_root, **dock_args)
     dist_init = f"tcp://127.0.0.1:{_free_port()}" if len(actor_ranks) > 1 else ""
 
     def actor_args(rank: RankInfo) -> tuple[Any, ...]:
