@@ -149,3 +149,17 @@ def test_check_machine_refuses_a_device_this_machine_lacks() -> None:
     if importlib.util.find_spec("torch_npu") is None:
         with pytest.raises(GRPOConfigError, match=r"engine\.device \('npu'\) needs torch_npu"):
             check_machine(load_config(None, ["engine.device=npu"]))
+
+
+def test_the_rendezvous_port_is_free_and_outside_the_ephemeral_range() -> None:
+    """Outgoing connections draw local ports from the ephemeral range: a rendezvous port there can be
+    taken between the driver's pick and rank 0's listen (EADDRINUSE)."""
+    import socket
+
+    from entrepot.grpo.ports import _ephemeral_start, free_local_port
+
+    ports = {free_local_port() for _ in range(20)}
+    assert all(20000 <= port < _ephemeral_start() for port in ports)
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # free: binds

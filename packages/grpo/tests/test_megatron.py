@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
@@ -20,14 +19,9 @@ from safetensors.torch import load_file
 
 from entrepot.grpo import load_config, train
 from entrepot.grpo.metrics import read_metrics
+from entrepot.grpo.ports import free_local_port
 
 pytest.importorskip("megatron.core")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 VPP2 = ("model.num_layers=4", "parallel.train.virtual_pipeline=2")  # interleaved: 2 chunks per stage
@@ -53,7 +47,7 @@ def test_megatron_matches_the_hf_module(
     import tests_support_megatron as support
 
     world = tp * pp
-    args = (world, tp, pp, _free_port(), str(tmp_path), model)
+    args = (world, tp, pp, free_local_port(), str(tmp_path), model)
     mp.spawn(support.compare_with_hf, args=args, nprocs=world)
     results = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(world)]
     logp = [r["logp_diff"] for r in results if "logp_diff" in r]

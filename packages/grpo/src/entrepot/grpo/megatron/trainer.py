@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import socket
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -30,6 +29,7 @@ from entrepot.grpo.errors import GRPOConfigError
 from entrepot.grpo.frozen import FrozenOnDemand
 from entrepot.grpo.losses import loss_normalizer
 from entrepot.grpo.megatron.vocab_parallel import vocab_parallel_logprobs
+from entrepot.grpo.ports import free_local_port
 from entrepot.grpo.sequences import ResponseBatch, segment_index
 from entrepot.grpo.update import (
     DataParallel,
@@ -55,7 +55,7 @@ def init_model_parallel(config: GRPOConfig, rank: int, world_size: int, dist_ini
     if device.type == "cuda":
         torch.cuda.set_device(device.index or 0)
     if not dist.is_initialized():
-        init = dist_init or f"tcp://127.0.0.1:{_free_port()}"
+        init = dist_init or f"tcp://127.0.0.1:{free_local_port()}"
         backend = process_group_backend(device)
         dist.init_process_group(backend, init_method=init, rank=rank, world_size=world_size)
     from megatron.core import parallel_state as mpu
@@ -70,12 +70,6 @@ def init_model_parallel(config: GRPOConfig, rank: int, world_size: int, dist_ini
         virtual_pipeline_model_parallel_size=vpp,
     )
     model_parallel_cuda_manual_seed(config.seed)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _check_model_fits(config: GRPOConfig, hf_config: Any, vocab_size: int) -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from entrepot.grpo.config import GRPOConfig
+from entrepot.grpo.ports import free_local_port
 from entrepot.grpo.ray_start import start_ray
 from entrepot.grpo.workers._model_rewards import MODEL_SCORES
 from entrepot.grpo.workers.actor import ActorWorker
@@ -44,12 +44,6 @@ class Cluster:
             import ray
 
             ray.kill(self.ray_dock_actor)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def launch(config: GRPOConfig, run_dir: str | None = None) -> Cluster:
@@ -93,7 +87,7 @@ def launch(config: GRPOConfig, run_dir: str | None = None) -> Cluster:
     # the dock actor saves and loads checkpoints only inside the run directory
     files_root = None if run_dir is None else str(Path(run_dir).resolve())  # the driver's view of it
     dock = RayDockClient.launch(GRPODock, num_cpus=0, files_root=files_root, **dock_args)
-    dist_init = f"tcp://127.0.0.1:{_free_port()}" if len(actor_ranks) > 1 else ""
+    dist_init = f"tcp://127.0.0.1:{free_local_port()}" if len(actor_ranks) > 1 else ""
 
     def actor_args(rank: RankInfo) -> tuple[Any, ...]:
         return (config, rank, dist_init, run_dir)
