@@ -140,6 +140,7 @@ def estimate_memory(config: GRPOConfig) -> MemoryEstimate:
     Raises:
         DataError: model.path is not a local HF model directory, or a file task has no model.path.
         UnknownArchitectureError: the model has no weight adaptor (it could not be trained either).
+        RewardModelError: a directory of reward.models is not a reward model.
     """
     from entrepot.resharding.adaptors import get_adaptor
 
@@ -177,21 +178,17 @@ def _reward_model_bytes(config: GRPOConfig) -> int:
     """Float32 bytes of every reward model, from its config.json on the meta device (nothing is read)."""
     from transformers import AutoConfig, AutoModel
 
-    from entrepot.grpo.reward_model import check_reward_model_dir
+    from entrepot.grpo.reward_model import reward_model_kind
 
     total = 0
     for path in config.reward.models:
-        directory = Path(path)
-        if not (directory / "config.json").is_file():
-            raise DataError(
-                f"reward.models: {str(directory)!r} is not a local HF model directory (no config.json)"
-            )
-        hf_config = AutoConfig.from_pretrained(directory, local_files_only=True)
+        kind = reward_model_kind(path)  # a RewardModelError naming the directory if it is none
+        hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
         with torch.device("meta"):
             backbone = AutoModel.from_config(hf_config, dtype=torch.float32)
         hidden = int(getattr(hf_config, "hidden_size", 0))
         # the scoring head: HF classifiers' `score` has no bias, TRL's value head has one
-        head = hidden + (1 if check_reward_model_dir(directory) == "value_head" else 0)
+        head = hidden + (1 if kind == "value_head" else 0)
         total += _nbytes(backbone.parameters()) + head * FLOAT32_BYTES
     return total
 

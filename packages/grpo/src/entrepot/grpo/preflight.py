@@ -97,7 +97,7 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
     rewards.resolve_custom(config.reward.custom)  # user verifiers import here, as in the reward workers
     for name in config.reward.verifiers:
         rewards.get_verifier(name)
-    tokenizer = None
+    tokenizer, hf_config = None, None
     if config.model.path is not None:
         from entrepot.grpo.model import load_model_config, load_tokenizer
 
@@ -110,7 +110,7 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
                 f"model.path ({config.model.path!r}): its tokenizer has {len(tokenizer)} tokens and the "
                 f"model's embedding only {vocab} (a tokenizer from another model?)"
             )
-    _check_reference(config, tokenizer)
+    _check_reference(config, hf_config)
     if config.reward.models:
         from entrepot.grpo.reward_model import check_reward_model_dir
 
@@ -130,8 +130,11 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
 _SHAPE_KEYS = ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads")
 
 
-def _check_reference(config: GRPOConfig, tokenizer: Any) -> None:
-    """`model.ref_model_load_path` loads, has the policy's vocabulary and (megatron) the policy's shape."""
+def _check_reference(config: GRPOConfig, policy: Any) -> None:
+    """`model.ref_model_load_path` loads, has the policy's vocabulary and (megatron) the policy's shape.
+
+    `policy` is model.path's HF config (None: the built decoder's, made here).
+    """
     path = config.model.ref_model_load_path
     if path is None:
         return
@@ -139,10 +142,8 @@ def _check_reference(config: GRPOConfig, tokenizer: Any) -> None:
     from entrepot.grpo.model import build_hf_config, load_model_config
 
     reference = load_model_config(path, key="model.ref_model_load_path")
-    if config.model.path is not None:
-        policy = load_model_config(config.model.path)
-    else:
-        tok = build_task(config, tokenizer).tokenizer
+    if policy is None:
+        tok = build_task(config).tokenizer
         policy = build_hf_config(config.model, tok.vocab_size, pad_token_id=tok.pad_token_id,
                                  eos_token_id=tok.eos_token_id)  # fmt: skip
     keys = ("vocab_size", *_SHAPE_KEYS) if config.engine.train == "megatron" else ("vocab_size",)

@@ -31,7 +31,7 @@ import torch
 
 from entrepot.grpo.errors import RewardModelError
 
-__all__ = ["RewardModel", "check_reward_model_dir", "load_reward_model"]
+__all__ = ["RewardModel", "check_reward_model_dir", "load_reward_model", "reward_model_kind"]
 
 _VALUE_WEIGHT = "v_head.summary.weight"
 _VALUE_BIAS = "v_head.summary.bias"
@@ -167,17 +167,25 @@ def load_reward_model(path: str | Path, device: str = "cpu") -> RewardModel:
     return RewardModel(str(directory), kind, tokenizer, model.base_model, head, max_positions).to(device)
 
 
-def check_reward_model_dir(path: str | Path) -> str:
-    """Cheap check (config + tokenizer, no weights loaded) for preflight; returns the kind.
-
-    The value-head check reads only the safetensors' key names and shapes, not the tensors.
+def reward_model_kind(path: str | Path) -> str:
+    """``"classifier"`` or ``"value_head"`` from the config and the safetensors' key names (no tensors).
 
     Raises:
         RewardModelError: the directory is not a reward model of either kind (the message says why).
     """
     directory = Path(path)
     kind, _ = _reward_kind(directory, _load_config(directory))
-    _load_tokenizer(directory)
+    return kind
+
+
+def check_reward_model_dir(path: str | Path) -> str:
+    """Cheap check (config, weight names and tokenizer; no weights loaded) for preflight; returns the kind.
+
+    Raises:
+        RewardModelError: the directory is not a reward model of either kind (the message says why).
+    """
+    kind = reward_model_kind(path)
+    _load_tokenizer(Path(path))
     return kind
 
 

@@ -16,13 +16,12 @@ import torch
 from entrepot.dock import Batch, DockClient
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.frozen import FrozenOnDemand
-from entrepot.grpo.workers._stage import DockReader
+from entrepot.grpo.workers._stage import SEQUENCE_COLUMNS, DockReader
 
 __all__ = ["MODEL_SCORES", "MODEL_STAGE", "ModelRewards"]
 
 MODEL_STAGE = "reward_scores"  # the dock consumer of the reward-model stage
 MODEL_SCORES = "model_scores"  # the dock column it writes
-_COLUMNS = ["prompts", "responses", "response_length"]
 
 
 class ModelRewards:
@@ -43,9 +42,6 @@ class ModelRewards:
             for path, weight in config.reward.models.items()
         ]
         self.frozen = [FrozenOnDemand(model.parameters(), offload=offload) for model, _ in self.models]
-
-    def __bool__(self) -> bool:
-        return bool(self.models)
 
     def params(self) -> Iterator[torch.Tensor]:
         """Every reward model's parameters (per-phase memory adds up their storages)."""
@@ -82,7 +78,7 @@ class ModelRewards:
         t0 = time.perf_counter()
         n = self.config.rollout.n_samples_per_prompt
         total, rows = 0.0, 0
-        for batch in reader.batches(dock, MODEL_STAGE, _COLUMNS, count, min_count=n, alone=True):
+        for batch in reader.batches(dock, MODEL_STAGE, SEQUENCE_COLUMNS, count, min_count=n, alone=True):
             scores = self.score(batch, sample)
             dock.put({MODEL_SCORES: scores}, batch.indexes)
             total, rows = total + float(scores.sum()), rows + scores.numel()

@@ -13,7 +13,10 @@ from entrepot.dock import Batch, DockClient
 from entrepot.grpo.errors import GRPOError, StageError
 from entrepot.grpo.workers.group import RankInfo
 
-__all__ = ["DockReader", "stage"]
+__all__ = ["SEQUENCE_COLUMNS", "DockReader", "stage"]
+
+SEQUENCE_COLUMNS = ["prompts", "responses", "response_length"]
+"""The packed prompt + response columns every forward pass over whole sequences reads."""
 
 P = ParamSpec("P")
 R = TypeVar("R")

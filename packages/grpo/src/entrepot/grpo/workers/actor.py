@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -36,12 +36,10 @@ from entrepot.grpo.threads import configure_threads, use_deterministic_kernels
 from entrepot.grpo.update import DataParallel, UpdateInputs
 from entrepot.grpo.workers._memory import PhaseMemory, Sample
 from entrepot.grpo.workers._model_rewards import MODEL_STAGE, ModelRewards
-from entrepot.grpo.workers._stage import DockReader, stage
+from entrepot.grpo.workers._stage import SEQUENCE_COLUMNS, DockReader, stage
 from entrepot.grpo.workers.group import RankInfo
 
 __all__ = ["ActorWorker", "response_batch"]
-
-_SEQUENCE_COLUMNS = ["prompts", "responses", "response_length"]
 
 
 def response_batch(batch: Batch) -> ResponseBatch:
@@ -50,11 +48,6 @@ def response_batch(batch: Batch) -> ResponseBatch:
     return ResponseBatch.from_packed(
         data["prompts"], batch.lengths["prompts"], data["responses"], data["response_length"]
     )
-
-
-def _train_bytes(params: Iterable[torch.Tensor]) -> int:
-    """Bytes the training parameters hold on their device now (0 while offloaded)."""
-    return sum(p.untyped_storage().nbytes() for p in params)
 
 
 def _batch_generator(base: int, rows: torch.Tensor) -> torch.Generator:
@@ -203,7 +196,7 @@ class ActorWorker:
         t0 = time.perf_counter()
         sample(policy.manager.enter_infer_mode())
         t1 = time.perf_counter()
-        train_bytes = _train_bytes(policy.trainer.named_parameters().values())  # held while generating
+        train_bytes = device_bytes(policy.trainer.named_parameters().values())  # held while generating
         tokens = 0
         base = (
             int(torch.randint(2**62, (1,), generator=policy.generator)) if self.rank.world_size > 1 else None
@@ -299,7 +292,7 @@ class ActorWorker:
         mismatch: _Mismatch | None = None,
     ) -> None:  # fmt: skip
         n = self.config.rollout.n_samples_per_prompt
-        columns = [*_SEQUENCE_COLUMNS, *(["rollout_log_prob"] if mismatch is not None else [])]
+        columns = [*SEQUENCE_COLUMNS, *(["rollout_log_prob"] if mismatch is not None else [])]
         for batch in self.reader.batches(dock, consumer, columns, count, min_count=n):
             rows = response_batch(batch)
             logp = self.trainer.logprobs(rows, column, reference=reference)
@@ -317,7 +310,7 @@ class ActorWorker:
         cfg, policy = self.config, self.policy
         mine = plan[self.rank.dp_rank]
         use_ref = cfg.algorithm.kl_coef > 0 and not cfg.algorithm.kl_in_reward
-        columns = [*_SEQUENCE_COLUMNS, "advantages", *(["ref_log_prob"] if use_ref else []),
+        columns = [*SEQUENCE_COLUMNS, "advantages", *(["ref_log_prob"] if use_ref else []),
                    *(["old_log_prob"] if with_old else [])]  # fmt: skip
         inputs = self._update_inputs(dock, columns, mine, use_ref, with_old)
         memory: dict[str, float] = {}

@@ -16,13 +16,11 @@ from entrepot.dock import DockClient
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.threads import configure_threads
 from entrepot.grpo.workers._model_rewards import MODEL_STAGE, ModelRewards
-from entrepot.grpo.workers._stage import DockReader, stage
+from entrepot.grpo.workers._stage import SEQUENCE_COLUMNS, DockReader, stage
 from entrepot.grpo.workers.actor import response_batch
 from entrepot.grpo.workers.group import RankInfo
 
 __all__ = ["ReferenceWorker", "RewardModelWorker"]
-
-_SEQUENCE_COLUMNS = ["prompts", "responses", "response_length"]
 
 
 class ReferenceWorker:
@@ -62,7 +60,7 @@ class ReferenceWorker:
 
         t0 = time.perf_counter()
         n = self.config.rollout.n_samples_per_prompt
-        for batch in self.reader.batches(dock, "ref_log_prob", _SEQUENCE_COLUMNS, count, min_count=n):
+        for batch in self.reader.batches(dock, "ref_log_prob", SEQUENCE_COLUMNS, count, min_count=n):
             rows = response_batch(batch)
             logp = compute_logprobs(self.model, rows, self.config.batching, "ref_log_prob",
                                     pad_token_id=self.pad_token_id)  # fmt: skip
