@@ -16,6 +16,8 @@ from entrepot.dock import (  # noqa: E402
     GRPODock,
     GRPODockClient,
     InvalidArgumentError,
+    Lease,
+    LeaseError,
     UnknownColumnError,
 )
 from entrepot.dock.ray import RayDockClient  # noqa: E402
@@ -153,3 +155,33 @@ def client_drain(client: RayDockClient, name: str) -> list[int]:
     while (batch := client.get(name, ["x"], 256, min_count=1, layout="packed", timeout=60)) is not None:
         seen += batch.indexes.tolist()
     return seen
+
+
+@ray.remote(num_cpus=0.25, max_retries=3)
+def _consumer_task_that_dies_once(client: RayDockClient, marker: str, key: str | None) -> list[int]:
+    """Gets 32 rows under a lease; its first attempt dies right after the get (Ray retries the task)."""
+    import os
+
+    torch.set_num_threads(1)
+    batch = client.get("c", ["x"], 32, lease=1.0, lease_key=key, timeout=30)
+    assert batch is not None and batch.lease is not None
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(1)  # the worker process dies holding the rows
+    client.put({"y": batch.indexes.float()}, batch.indexes, ack=batch.lease)
+    return batch.indexes.tolist()
+
+
+@pytest.mark.parametrize("key", ["step3-rank0", None])
+def test_a_retried_ray_task_loses_no_rows(tmp_path, key):
+    """With a lease key the retry gets the same rows at once; without one, when the lease expires."""
+    client = RayDockClient.launch(ExperienceDock, capacity=32, columns=["x", "y"], consumers=["c"])
+    client.put({"x": torch.arange(32)}, torch.arange(32))
+    rows = ray.get(_consumer_task_that_dies_once.remote(client, str(tmp_path / "died"), key))
+    assert (tmp_path / "died").exists()  # the first attempt did die
+    assert sorted(rows) == list(range(32))
+    assert client.progress("c") == {"consumed": 32, "live": 32}
+    assert client.get("c", ["x"], 32) is None
+    assert torch.equal(client.peek(["y"], torch.arange(32)).data["y"], torch.arange(32).float())
+    with pytest.raises(LeaseError, match="lease 1000000000 of consumer 'c'"):  # typed, through Ray
+        client.ack(Lease(id=10**9, consumer="c", seconds=1.0))

@@ -22,6 +22,7 @@ from entrepot.dock._errors import (
     GroupSizeError,
     IndexOutOfRangeError,
     InvalidArgumentError,
+    LeaseError,
     LengthMismatchError,
     LossyDtypeError,
     NotReadyError,
@@ -30,6 +31,7 @@ from entrepot.dock._errors import (
     UnknownConsumerError,
 )
 from entrepot.dock._grpo import GRPO_COLUMNS, GRPO_CONSUMERS, GRPODock
+from entrepot.dock._leases import Lease
 from entrepot.dock._sampling import dp_range_indexes
 from entrepot.dock._version import __version__
 
@@ -52,6 +54,8 @@ __all__ = [
     "GroupSizeError",
     "IndexOutOfRangeError",
     "InvalidArgumentError",
+    "Lease",
+    "LeaseError",
     "LengthMismatchError",
     "LossyDtypeError",
     "NotReadyError",

@@ -10,6 +10,7 @@ import torch
 from tensordict import TensorDict
 
 from entrepot.batching import pad
+from entrepot.dock._leases import Lease
 
 Layout = Literal["padded", "packed"]
 LAYOUTS = ("padded", "packed")
@@ -30,6 +31,8 @@ class Batch:
         lengths: int64 [B] per sequence column (valid elements of each row).
         layout: "padded" or "packed".
         ages: int32 [B] how many clears each row survived unfinished (partial rollout), else zeros.
+        lease: with `get(lease=...)`, the lease holding these rows: ack it (or `put(..., ack=lease)`)
+            once their outputs are stored, else the rows go back to the pool when it expires.
     """
 
     indexes: torch.Tensor
@@ -37,6 +40,7 @@ class Batch:
     lengths: dict[str, torch.Tensor]
     layout: Layout
     ages: torch.Tensor
+    lease: Lease | None = None
 
     def __len__(self) -> int:
         return int(self.indexes.numel())
@@ -64,6 +68,7 @@ class Batch:
                     lengths={name: lengths[rows] for name, lengths in self.lengths.items()},
                     layout="padded",
                     ages=self.ages[rows],
+                    lease=self.lease,
                 )
             )
         return parts

@@ -8,6 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from entrepot.dock._batch import Batch
+from entrepot.dock._leases import Lease
 
 
 @runtime_checkable
@@ -24,6 +25,7 @@ class DockClient(Protocol):
         *,
         lengths: Mapping[str, Any] | None = None,
         completed: Sequence[bool] | torch.Tensor | None = None,
+        ack: Lease | None = None,
     ) -> None: ...
 
     def get(
@@ -41,7 +43,13 @@ class DockClient(Protocol):
         layout: Any = "padded",
         pad_value: float = 0,
         pad_multiple: int = 1,
+        lease: float | None = None,
+        lease_key: str | None = None,
     ) -> Batch | None: ...
+
+    def ack(self, lease: Lease, indexes: Sequence[int] | torch.Tensor | None = None) -> None: ...
+
+    def release(self, lease: Lease) -> int: ...
 
     def peek(self, columns: Sequence[str], indexes: Sequence[int] | torch.Tensor, **kwargs: Any) -> Batch: ...
 

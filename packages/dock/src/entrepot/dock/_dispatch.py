@@ -8,6 +8,7 @@ whatever the number of columns. Upstream broadcast each column separately.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -51,6 +52,7 @@ def dispatch_get(
     """
     meta: list[Any] = [None]
     buffer: torch.Tensor | None = None
+    batch: Batch | None = None
     if dist.get_rank() == src:
         if client is None:
             raise ValueError(f"rank {src} is the dispatch source and needs a dock client")
@@ -66,10 +68,12 @@ def dispatch_get(
     if buffer is None:
         buffer = torch.empty(meta[0].nbytes, dtype=torch.uint8, device=device)
     dist.broadcast(buffer, src=src, group=group)
+    lease = None if batch is None else batch.lease  # the source's: it puts the outputs and acks
     rows, raw, ages = decode(meta[0], buffer)
     # Small per-row tensors are copied so the batch does not pin the whole buffer through them.
     raw = {
         name: (flat.clone() if lengths is None else flat, None if lengths is None else lengths.clone())
         for name, (flat, lengths) in raw.items()
     }
-    return build_batch(rows.clone(), raw, ages.clone(), layout, pad_value, pad_multiple)
+    out = build_batch(rows.clone(), raw, ages.clone(), layout, pad_value, pad_multiple)
+    return out if lease is None else replace(out, lease=lease)

@@ -3,14 +3,16 @@
 State (capacity R rows, C columns, K consumers):
     columns    one flat buffer + offsets/lengths per sequence column, a dense tensor per scalar column
     ready      bool [C, R]  cell (column, row) holds data
-    consumed   bool [K, R]  consumer k has received row r
+    consumed   bool [K, R]  consumer k has received row r (acked, with a leased get)
+    leases     bool [K, R]  row r is held for consumer k under a lease (see _leases), not yet acked
     live       bool [R]     row holds data in at least one column
     age        int32 [R]    clears a row survived unfinished (partial rollout)
     completed  bool [R]     False while the row's response is unfinished (partial rollout)
 
-One lock guards all of it; waiting getters sleep on a condition variable that every put and clear
-notifies. A get selects and marks rows under the lock (a few vectorised bitmap operations) and copies
-the data out after releasing it, so copies of different consumers run in parallel.
+One lock guards all of it; waiting getters sleep on a condition variable that every put, ack,
+release and clear notifies (and wake by themselves when a lease they wait on expires). A get
+selects and marks rows under the lock (a few vectorised bitmap operations) and copies the data out
+after releasing it, so copies of different consumers run in parallel.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import math
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 import torch
@@ -32,6 +35,7 @@ from entrepot.dock._errors import (
     DockTimeout,
     GroupSizeError,
     InvalidArgumentError,
+    LeaseError,
     LossyDtypeError,
     NotReadyError,
     RowCountMismatchError,
@@ -39,6 +43,7 @@ from entrepot.dock._errors import (
     UnknownConsumerError,
 )
 from entrepot.dock._inputs import ColumnData, as_index_tensor, normalize_put
+from entrepot.dock._leases import ACKED, Lease, LeaseTable
 from entrepot.dock._lifecycle import DockLifecycle
 from entrepot.dock._sampling import balanced_order
 from entrepot.dock._select import advance_watermark, expand_units, scan
@@ -134,6 +139,7 @@ class ExperienceDock(DockLifecycle):
         self._wait_s = [0.0] * num_consumers
         self._bytes_got = [0] * num_consumers
         self._readers = 0  # gets copying out of snapshots right now
+        self._leases = LeaseTable(self.consumers, capacity)
 
     def _make_store(self, spec: ColumnSpec) -> Store | None:
         if spec.dtype is None or spec.scalar is None:
@@ -151,6 +157,7 @@ class ExperienceDock(DockLifecycle):
         *,
         lengths: Mapping[str, Any] | None = None,
         completed: Sequence[bool] | torch.Tensor | None = None,
+        ack: Lease | None = None,
     ) -> None:
         """Store columns for rows `indexes`, mark the cells ready and wake waiting getters.
 
@@ -161,6 +168,8 @@ class ExperienceDock(DockLifecycle):
             indexes: B distinct rows in [0, capacity).
             lengths: column -> int [B] valid lengths of padded or packed columns.
             completed: bool [B] (partial rollout): False marks a row's response as unfinished.
+            ack: a lease holding all of `indexes` (the batch these outputs were computed from): the
+                rows are acked in the same step, so outputs and acks are stored together or not at all.
 
         Raises:
             DockError subclass naming the column or index; nothing is stored when it raises.
@@ -178,10 +187,15 @@ class ExperienceDock(DockLifecycle):
         hints = {name: self._scalar_kind(name) for name in data}
         columns = normalize_put(data, lengths, rows.numel(), hints)
         with self._cond:
+            if ack is not None:
+                self._leases.expire(time.monotonic())
+                self._leases.held_rows(ack, rows)
             for name, column in columns.items():
                 self._check_column(name, column)
             for name, column in columns.items():
                 self._write(name, rows, column)
+            if ack is not None:
+                self._ack_rows(ack, rows)
             new_rows = ~self._live[rows]
             self._num_live += int(new_rows.sum())
             self._live[rows] = True
@@ -256,6 +270,8 @@ class ExperienceDock(DockLifecycle):
         layout: Layout = "padded",
         pad_value: float = 0,
         pad_multiple: int = 1,
+        lease: float | None = None,
+        lease_key: str | None = None,
     ) -> Batch | None:
         """Take up to `count` rows ready in all `columns` that `consumer` has not received yet.
 
@@ -277,22 +293,38 @@ class ExperienceDock(DockLifecycle):
             layout: "padded" (TensorDict [B, L_c] + lengths) or "packed" (flat [T_c] + lengths / cu_seqlens).
             pad_value: fill value of the padded layout.
             pad_multiple: padded widths are rounded up to a multiple of this (e.g. TP x CP size).
+            lease: hold the rows for `lease` seconds (``math.inf``: no expiry) instead of marking
+                them consumed: `ack` makes them consumed; on `release` or expiry they return to the
+                pool, so a consumer that dies after the get loses nothing. None: consumed at once.
+            lease_key: with `lease`, makes the get idempotent: while a lease taken with this key
+                holds rows, the same rows come back (renewed) instead of new ones, e.g. for a task
+                that Ray retries; once that lease is acked in full, the get returns None.
 
         Returns:
-            The batch, or None when `consumer` has received every row the dock holds.
+            The batch (with `batch.lease` set under a lease), or None when `consumer` has received
+            (and, under leases, acked) every row the dock holds.
+
+        A get that raises takes nothing: rows it had picked go back before the error propagates.
         """
         if layout not in LAYOUTS:
             raise InvalidArgumentError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         if pad_multiple < 1:
             raise InvalidArgumentError(f"pad_multiple must be >= 1, got {pad_multiple}")
-        taken = self._take(consumer, columns, count, indexes, min_count, timeout, groups, sampler, num_ranks)
+        taken = self._take(
+            consumer, columns, count, indexes, min_count, timeout, groups, sampler, num_ranks,
+            lease, lease_key,
+        )  # fmt: skip
         if taken is None:
             return None
         try:
             raw = taken.gather(as_views=layout == "padded")
-            return build_batch(taken.rows, raw, taken.ages, layout, pad_value, pad_multiple)
+            batch = build_batch(taken.rows, raw, taken.ages, layout, pad_value, pad_multiple)
+        except BaseException:
+            self._untake(consumer, taken)
+            raise
         finally:
             self._done_reading()
+        return batch if taken.lease is None else replace(batch, lease=taken.lease)
 
     def _take(
         self,
@@ -305,17 +337,32 @@ class ExperienceDock(DockLifecycle):
         groups: bool | None = None,
         sampler: Sampler = "fifo",
         num_ranks: int = 1,
+        lease: float | None = None,
+        lease_key: str | None = None,
     ) -> Taken | None:
-        """Select and mark rows under the lock; return what is needed to copy them out (None: exhausted)."""
+        """Select and mark (or lease) rows under the lock; return what the copy-out needs (None: done)."""
         k = self._check_consumer(consumer)
         col_ids = self._check_columns(columns)
         group_size = self.n_samples_per_prompt if (self.group_gets if groups is None else groups) else 1
         wanted = self._check_counts(count, min_count, group_size, sampler, num_ranks)
         rows = None if indexes is None else as_index_tensor(indexes, self.capacity)
+        if lease is not None:
+            LeaseTable.check_seconds(lease)
+        elif lease_key is not None:
+            raise InvalidArgumentError(f"lease_key {lease_key!r} needs a lease (seconds)")
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            started = time.monotonic()
+            started = now = time.monotonic()
+            if lease is not None and lease_key is not None:
+                again = self._leases.reissue(k, lease_key, lease, now)
+                if again == ACKED:
+                    return None
+                if isinstance(again, tuple):  # a retry: the rows this key already holds
+                    self._count_delivery(k, again[1])
+                    return replace(self._snapshot(columns, again[1]), lease=again[0])
             while True:
+                if self._leases.expire(now):
+                    self._cond.notify_all()  # rows back in the pool: other waiting getters look again
                 if rows is not None:
                     picked = self._pick_explicit(k, col_ids, rows)
                 else:
@@ -324,23 +371,76 @@ class ExperienceDock(DockLifecycle):
                     picked = self._pick(k, col_ids, count, wanted, group_size, sampler)
                 if picked is not None:
                     break
-                left = None if deadline is None else deadline - time.monotonic()
+                left = None if deadline is None else deadline - now
                 if left is not None and left <= 0:
-                    self._wait_s[k] += time.monotonic() - started
+                    self._wait_s[k] += now - started
                     what = f"rows {rows.tolist()[:8]}" if rows is not None else f"{wanted} rows"
                     raise DockTimeout(consumer, list(columns), what, float(timeout or 0))
-                self._cond.wait(left)
-            self._wait_s[k] += time.monotonic() - started
-            self._mark_consumed(k, picked)
-            taken = self._snapshot(columns, picked)
+                expiry = self._leases.next_deadline() - now  # a lease may hand rows back before then
+                nap = min(left if left is not None else math.inf, expiry)
+                self._cond.wait(None if math.isinf(nap) else max(nap, 0.0))
+                now = time.monotonic()
+            self._wait_s[k] += now - started
+            granted = None
+            if lease is None:
+                self._mark_consumed(k, picked)
+            else:
+                granted = self._leases.grant(k, picked, lease, lease_key, now)
+                self._count_delivery(k, picked)
+            taken = replace(self._snapshot(columns, picked), lease=granted)
             self._bytes_got[k] += taken.nbytes()
         if sampler == "balanced" and rows is None:
             try:
                 taken = taken.reorder(balanced_order(taken.tokens_per_row(), num_ranks, group_size))
             except BaseException:
+                self._untake(consumer, taken)
                 self._done_reading()
                 raise
         return taken
+
+    def _untake(self, consumer: str, taken: Taken) -> None:
+        """Undo a get that failed after picking `taken.rows`: they become available again."""
+        k = self._consumer_index[consumer]
+        with self._cond:
+            if taken.lease is not None:
+                held = self._leases.held_rows(taken.lease, taken.rows)
+                self._leases.settle(taken.lease, held, returned=True)
+            else:
+                self._consumed[k, taken.rows] = False
+                self._num_consumed[k] -= taken.rows.numel()
+                self._watermark[k] = min(self._watermark[k], int(taken.rows.min()))
+            self._cond.notify_all()
+
+    def ack(self, lease: Lease, indexes: Sequence[int] | torch.Tensor | None = None) -> None:
+        """Mark the rows `lease` holds (or `indexes` of them) consumed: they will not come back.
+
+        Raises:
+            LeaseError: the lease expired, was released or acked, or does not hold a named row.
+        """
+        rows = None if indexes is None else as_index_tensor(indexes, self.capacity)
+        with self._cond:
+            self._leases.expire(time.monotonic())
+            self._ack_rows(lease, self._leases.held_rows(lease, rows))
+            self._cond.notify_all()
+
+    def release(self, lease: Lease) -> int:
+        """Hand the rows `lease` still holds back to the pool now; how many (0 if it holds none)."""
+        with self._cond:
+            self._leases.expire(time.monotonic())
+            try:
+                rows = self._leases.held_rows(lease, None)
+            except LeaseError:
+                return 0
+            self._leases.settle(lease, rows, returned=True)
+            self._cond.notify_all()
+            return int(rows.numel())
+
+    def _ack_rows(self, lease: Lease, rows: torch.Tensor) -> None:
+        k = self._consumer_index[lease.consumer]
+        self._leases.settle(lease, rows, returned=False)
+        self._consumed[k, rows] = True
+        self._num_consumed[k] += rows.numel()
+        self._advance_watermark(k)
 
     def _done_reading(self) -> None:
         """A reader finished copying out of its snapshot (see `_snapshot`)."""
@@ -386,7 +486,7 @@ class ExperienceDock(DockLifecycle):
         downstream = self.rollout_consumer is not None and self.consumers[k] != self.rollout_consumer
 
         def available(lo: int, hi: int) -> torch.Tensor:
-            mask = self._ready[col_ids[0], lo:hi] & ~self._consumed[k, lo:hi]
+            mask = self._ready[col_ids[0], lo:hi] & ~self._consumed[k, lo:hi] & ~self._leases.leased[k, lo:hi]
             for c in col_ids[1:]:
                 mask &= self._ready[c, lo:hi]
             if downstream:  # unfinished partial responses are for the rollout only
@@ -398,7 +498,9 @@ class ExperienceDock(DockLifecycle):
     def _pick(
         self, k: int, col_ids: list[int], count: int, wanted: int, group_size: int, sampler: str
     ) -> torch.Tensor | None:
-        remaining = self._num_live - self._num_consumed[k]
+        remaining = self._num_live - self._num_consumed[k] - self._leases.num_leased[k]
+        if remaining <= 0:
+            return None  # every row left is leased: wait for an ack (the end) or a return
         need_units = math.ceil(min(wanted, remaining) / group_size)
         max_units = count // group_size
         stop_after = None if sampler == "random" else max_units
@@ -416,15 +518,21 @@ class ExperienceDock(DockLifecycle):
         already = self._consumed[k, rows].nonzero()
         if already.numel():
             raise AlreadyConsumedError(self.consumers[k], int(rows[already[0, 0]]))
-        if bool(self._ready[:, rows][col_ids].all()):
+        if bool(self._ready[:, rows][col_ids].all()) and not bool(self._leases.leased[k, rows].any()):
             return rows
-        return None
+        return None  # not ready yet, or held under a lease that may still hand them back
 
     def _mark_consumed(self, k: int, rows: torch.Tensor) -> None:
         self._consumed[k, rows] = True
         self._num_consumed[k] += rows.numel()
+        self._count_delivery(k, rows)
+        self._advance_watermark(k)
+
+    def _count_delivery(self, k: int, rows: torch.Tensor) -> None:
         self._rows_got[k] += rows.numel()
         self._counts["gets"] += 1
+
+    def _advance_watermark(self, k: int) -> None:
         mark = self._watermark[k]
         if mark < self.capacity and bool(self._consumed[k, mark]):
             self._watermark[k] = advance_watermark(self._consumed[k], mark)

@@ -143,3 +143,12 @@ class AlreadyConsumedError(DockError, ValueError):
         super().__init__(
             f"consumer {consumer!r} already received row {index}; each row is delivered to a consumer once"
         )
+
+
+class LeaseError(DockError, LookupError):
+    """An ack, release or put(ack=...) with a lease that no longer holds the rows it names."""
+
+    def __init__(self, lease_id: int, consumer: str, reason: str) -> None:
+        self.lease_id = lease_id
+        self.consumer = consumer
+        super().__init__(f"lease {lease_id} of consumer {consumer!r} cannot be used: {reason}")

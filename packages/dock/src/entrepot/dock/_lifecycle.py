@@ -14,6 +14,7 @@ import torch
 from entrepot.dock import _state
 from entrepot.dock._columns import ColumnSpec, ScalarColumn, SequenceColumn
 from entrepot.dock._inputs import as_index_tensor
+from entrepot.dock._leases import LeaseTable
 
 
 class DockLifecycle:
@@ -43,6 +44,7 @@ class DockLifecycle:
     _bytes_got: list[int]
     _readers: int
     _generators: list[torch.Generator]
+    _leases: LeaseTable
 
     def _check_consumer(self, consumer: str) -> int:
         raise NotImplementedError
@@ -66,11 +68,13 @@ class DockLifecycle:
         """Empty rows: `indexes`, or every row (then, with partial rollout, unfinished groups stay).
 
         Kept groups age by one and go back to the rollout consumer for their unfinished rows; every
-        other consumer sees them again once they complete.
+        other consumer sees them again once they complete. Leases on emptied or kept rows end (an ack
+        of them raises `LeaseError`).
         """
         rows = None if indexes is None else as_index_tensor(indexes, self.capacity)
         with self._cond:
             if rows is None:
+                self._leases.forget_keys()  # a new iteration: keys of acked leases may be reused
                 keep = self._unfinished_groups()
                 if keep is None:
                     self._drop_everything()
@@ -94,6 +98,7 @@ class DockLifecycle:
         return unfinished.repeat_interleave(self.n_samples_per_prompt)
 
     def _drop_everything(self) -> None:
+        self._leases.forget(self._live | self._leases.leased.any(0))
         for store in self._stores.values():
             if isinstance(store, SequenceColumn):
                 store.drop_all(reuse=self._readers == 0)
@@ -104,6 +109,7 @@ class DockLifecycle:
         self._completed.fill_(True)
 
     def _drop(self, drop: torch.Tensor) -> None:
+        self._leases.forget(drop)
         rows = drop.nonzero().squeeze(1)
         for name, store in self._stores.items():
             if isinstance(store, SequenceColumn):
@@ -115,6 +121,7 @@ class DockLifecycle:
         self._completed[rows] = True
 
     def _age_kept(self, keep: torch.Tensor) -> None:
+        self._leases.forget(keep)
         rows = keep.nonzero().squeeze(1)
         self._age[rows] += 1
         self._consumed[:, rows] = False
@@ -155,6 +162,9 @@ class DockLifecycle:
                 out[f"dock/rows_got/{name}"] = float(self._rows_got[k])
                 out[f"dock/wait_s/{name}"] = self._wait_s[k]
                 out[f"dock/bytes_got/{name}"] = float(self._bytes_got[k])
+                out[f"dock/rows_leased/{name}"] = float(self._leases.num_leased[k])
+                out[f"dock/rows_returned/{name}"] = float(self._leases.rows_returned[k])
+                out[f"dock/leases_expired/{name}"] = float(self._leases.expired[k])
             return out
 
     def state_dict(self) -> dict[str, Any]:

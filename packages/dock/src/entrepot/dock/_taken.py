@@ -8,18 +8,21 @@ from typing import Any
 import torch
 
 from entrepot.dock._columns import SeqSnapshot
+from entrepot.dock._leases import Lease
 
 
 @dataclass
 class Taken:
     """The selected rows and, per column, a snapshot (sequence) or the values (scalar).
 
-    rows: int64 [B]; parts: column -> SeqSnapshot or values [B]; ages: int32 [B].
+    rows: int64 [B]; parts: column -> SeqSnapshot or values [B]; ages: int32 [B]; lease: the lease
+    holding the rows (None: they were marked consumed).
     """
 
     rows: torch.Tensor
     parts: dict[str, SeqSnapshot | torch.Tensor]
     ages: torch.Tensor
+    lease: Lease | None = None
 
     def tokens_per_row(self) -> torch.Tensor:
         """int64 [B] valid elements per row summed over the sequence columns (1 per row if none)."""
@@ -47,7 +50,7 @@ class Taken:
                 parts[name] = SeqSnapshot(part.segments, part.bases, part.offsets[order], part.lengths[order])
             else:
                 parts[name] = part[order]
-        return Taken(self.rows[order], parts, self.ages[order])
+        return Taken(self.rows[order], parts, self.ages[order], self.lease)
 
     def gather(self, as_views: bool = False) -> dict[str, tuple[Any, torch.Tensor | None]]:
         """column -> (flat [T_c], lengths int64 [B]) for sequences, (values [B], None) for scalars.

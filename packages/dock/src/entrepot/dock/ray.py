@@ -18,6 +18,7 @@ only under the `files_root` it was launched with.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +33,17 @@ from entrepot.dock._batch import LAYOUTS, Batch, Layout, build_batch
 from entrepot.dock._dock import ExperienceDock
 from entrepot.dock._errors import InvalidArgumentError
 from entrepot.dock._inputs import normalize_put
+from entrepot.dock._leases import Lease
 from entrepot.dock._wire import WireLayout, as_uint8, decode, encode_taken, plan, views
 
 __all__ = ["CALLABLE_METHODS", "DockActor", "RayDockClient"]
 
 CALLABLE_METHODS = frozenset(
-    {"put_prompts", "peek", "all_consumed", "progress", "clear", "reset", "metrics", "save", "load"}
-)
+    {
+        "put_prompts", "peek", "ack", "release", "all_consumed", "progress", "clear", "reset", "metrics",
+        "save", "load",
+    }
+)  # fmt: skip
 """The dock methods a client may run through `DockActor.call` (puts and gets have their own calls)."""
 
 
@@ -58,10 +63,12 @@ class DockActor:
         self._files_root = None if files_root is None else Path(files_root).resolve()
 
     @ray.method(concurrency_group="put")
-    def put_wire(self, layout: WireLayout, buffer: Any, indexes: torch.Tensor, completed: Any) -> None:
+    def put_wire(
+        self, layout: WireLayout, buffer: Any, indexes: torch.Tensor, completed: Any, ack: Lease | None = None
+    ) -> None:
         _, raw, _ = decode(layout, as_uint8(buffer))
         data = {name: flat if lengths is None else (flat, lengths) for name, (flat, lengths) in raw.items()}
-        self._dock.put(data, indexes, completed=completed)
+        self._dock.put(data, indexes, completed=completed, ack=ack)
 
     @ray.method(concurrency_group="get")
     def get_wire(self, consumer: str, columns: list[str], count: int, kwargs: dict[str, Any]) -> Any:
@@ -70,9 +77,12 @@ class DockActor:
             return None
         try:
             layout, buffer = encode_taken(taken)
+        except BaseException:
+            self._dock._untake(consumer, taken)
+            raise
         finally:
             self._dock._done_reading()
-        return layout, buffer.numpy()
+        return layout, buffer.numpy(), taken.lease
 
     @ray.method(concurrency_group="put")
     def call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -146,6 +156,7 @@ class RayDockClient:
         *,
         lengths: Mapping[str, Any] | None = None,
         completed: Sequence[bool] | torch.Tensor | None = None,
+        ack: Lease | None = None,
     ) -> None:
         """As ExperienceDock.put; the data is unpadded here and shipped as one buffer."""
         rows = torch.as_tensor(indexes).reshape(-1)
@@ -168,7 +179,7 @@ class RayDockClient:
             if column.lengths is not None:
                 out[f"l:{name}"].copy_(column.lengths)
         done = None if completed is None else torch.as_tensor(completed, dtype=torch.bool)
-        ray.get(self.actor.put_wire.remote(layout, buffer.numpy(), rows, done))
+        ray.get(self.actor.put_wire.remote(layout, buffer.numpy(), rows, done, ack))
 
     def get(
         self,
@@ -185,8 +196,14 @@ class RayDockClient:
         layout: Layout = "padded",
         pad_value: float = 0,
         pad_multiple: int = 1,
+        lease: float | None = None,
+        lease_key: str | None = None,
     ) -> Batch | None:
-        """As ExperienceDock.get; the rows arrive as one zero-copy buffer and are laid out here."""
+        """As ExperienceDock.get; the rows arrive as one zero-copy buffer and are laid out here.
+
+        A lease's clock runs in the actor: a reply lost on its way here (this process died) is
+        handed out again when the lease expires.
+        """
         if layout not in LAYOUTS:
             raise InvalidArgumentError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         kwargs = {
@@ -196,11 +213,13 @@ class RayDockClient:
             "groups": groups,
             "sampler": sampler,
             "num_ranks": num_ranks,
+            "lease": lease,
+            "lease_key": lease_key,
         }
         reply = ray.get(self.actor.get_wire.remote(consumer, list(columns), count, kwargs))
         if reply is None:
             return None
-        wire_layout, array = reply
+        wire_layout, array, granted = reply
         rows, raw, ages = decode(wire_layout, as_uint8(array))
         if layout == "packed":  # the received buffer is read-only shared memory: hand out copies
             raw = {name: (flat.clone(), lengths) for name, (flat, lengths) in raw.items()}
@@ -208,7 +227,16 @@ class RayDockClient:
             name: (flat, None if lengths is None else lengths.clone())
             for name, (flat, lengths) in raw.items()
         }
-        return build_batch(rows.clone(), raw, ages.clone(), layout, pad_value, pad_multiple)
+        batch = build_batch(rows.clone(), raw, ages.clone(), layout, pad_value, pad_multiple)
+        return batch if granted is None else replace(batch, lease=granted)
+
+    def ack(self, lease: Lease, indexes: Sequence[int] | torch.Tensor | None = None) -> None:
+        """ExperienceDock.ack in the actor."""
+        self._call("ack", lease, None if indexes is None else torch.as_tensor(indexes))
+
+    def release(self, lease: Lease) -> int:
+        """ExperienceDock.release in the actor."""
+        return int(self._call("release", lease))
 
     def put_prompts(
         self, prompts: Any, n_samples_per_prompt: int | None = None, **kwargs: Any

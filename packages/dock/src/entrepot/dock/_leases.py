@@ -1,0 +1,159 @@
+"""Leases: rows a get handed out that go back to the pool unless their consumer acks them in time.
+
+A leased get does not mark its rows consumed. The rows are held for the consumer (no other reader of
+that consumer takes them) until it acks them (they become consumed), releases them, or the lease
+expires (both put them back, ready for the next get). So a consumer that dies after a get loses
+nothing: its rows come back. A `key` makes a get idempotent: a retried task that asks again with the
+same key gets the rows it already holds instead of taking new ones.
+
+`LeaseTable` is the bookkeeping only; the dock calls it with its lock held.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from entrepot.dock._errors import InvalidArgumentError, LeaseError
+
+ACKED = -1
+"""`LeaseTable.reissue` result for a key whose lease was acked in full: nothing left to hand out."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A handle on rows handed to one consumer: ack them once their outputs are stored.
+
+    Attributes:
+        id: unique within the dock (across resets).
+        consumer: who holds the rows.
+        seconds: how long the rows are held without an ack (``math.inf``: until ack or release).
+        key: the caller's idempotency key, if the get gave one.
+    """
+
+    id: int
+    consumer: str
+    seconds: float
+    key: str | None = None
+
+
+@dataclass
+class _Held:
+    lease: Lease
+    k: int
+    rows: torch.Tensor  # int64: the rows still held (acked or returned rows leave)
+    deadline: float
+
+
+_IDS = itertools.count(1)  # process-wide, so a stale lease never matches one granted after a reset
+
+
+class LeaseTable:
+    """Which rows each consumer holds under which lease, and until when."""
+
+    def __init__(self, consumers: list[str], capacity: int) -> None:
+        self.consumers = consumers
+        self.leased = torch.zeros(len(consumers), capacity, dtype=torch.bool)
+        self.num_leased = [0] * len(consumers)
+        self.rows_returned = [0] * len(consumers)  # rows back in the pool after an expiry or release
+        self.expired = [0] * len(consumers)  # leases that ran out
+        self._held: dict[int, _Held] = {}
+        self._keys: dict[tuple[int, str], int] = {}  # (consumer, key) -> lease id, or ACKED
+
+    @staticmethod
+    def check_seconds(seconds: float) -> None:
+        if not seconds > 0:  # also refuses NaN
+            raise InvalidArgumentError(
+                f"lease must be a number of seconds > 0 (math.inf: no expiry), got {seconds}"
+            )
+
+    def grant(self, k: int, rows: torch.Tensor, seconds: float, key: str | None, now: float) -> Lease:
+        """Hold `rows` for consumer `k` under a new lease."""
+        lease = Lease(next(_IDS), self.consumers[k], seconds, key)
+        self._held[lease.id] = _Held(lease, k, rows.clone(), now + seconds)
+        self.leased[k, rows] = True
+        self.num_leased[k] += rows.numel()
+        if key is not None:
+            self._keys[(k, key)] = lease.id
+        return lease
+
+    def reissue(
+        self, k: int, key: str, seconds: float, now: float
+    ) -> tuple[Lease, torch.Tensor] | int | None:
+        """A live lease under `key`, renewed (with its rows); ACKED if it was acked in full; else None."""
+        found = self._keys.get((k, key))
+        if found is None:
+            return None
+        if found == ACKED:
+            return ACKED
+        held = self._held.get(found)
+        if held is None:  # expired or released: its rows are back in the pool
+            del self._keys[(k, key)]
+            return None
+        held.deadline = now + seconds
+        return held.lease, held.rows
+
+    def expire(self, now: float) -> int:
+        """Return the rows of every lease past its deadline to the pool; the number of rows returned."""
+        returned = 0
+        for held in [held for held in self._held.values() if held.deadline <= now]:
+            self.expired[held.k] += 1
+            returned += held.rows.numel()
+            self.settle(held.lease, held.rows, returned=True)
+        return returned
+
+    def next_deadline(self) -> float:
+        """The earliest deadline of any lease (math.inf if none can expire)."""
+        return min((held.deadline for held in self._held.values()), default=math.inf)
+
+    def held_rows(self, lease: Lease, rows: torch.Tensor | None) -> torch.Tensor:
+        """`rows` (default: all) after checking `lease` still holds each of them; else `LeaseError`."""
+        held = self._held.get(lease.id)
+        if held is None:
+            reason = "it expired, was released or acked, or its rows were cleared"
+            raise LeaseError(lease.id, lease.consumer, reason)
+        if rows is None:
+            return held.rows
+        holds = torch.zeros(self.leased.shape[1], dtype=torch.bool)
+        holds[held.rows] = True
+        missing = (~holds[rows]).nonzero()
+        if missing.numel():
+            row = int(rows[missing[0, 0]])
+            reason = f"it does not hold row {row} (never leased to it, or acked or returned already)"
+            raise LeaseError(lease.id, lease.consumer, reason)
+        return rows
+
+    def settle(self, lease: Lease, rows: torch.Tensor, returned: bool) -> None:
+        """Take `rows` (checked by `held_rows`) off `lease`: acked, or `returned` to the pool."""
+        held = self._held[lease.id]
+        self.leased[held.k, rows] = False
+        self.num_leased[held.k] -= rows.numel()
+        if returned:
+            self.rows_returned[held.k] += rows.numel()
+        keep = torch.ones(held.rows.numel(), dtype=torch.bool)
+        mask = torch.zeros(self.leased.shape[1], dtype=torch.bool)
+        mask[rows] = True
+        keep &= ~mask[held.rows]
+        held.rows = held.rows[keep]
+        if not held.rows.numel():
+            del self._held[lease.id]
+            if lease.key is not None and returned:  # a retry with the key takes rows anew
+                self._keys.pop((held.k, lease.key), None)
+            elif lease.key is not None:  # acked in full: a retry with the key has nothing left to do
+                self._keys[(held.k, lease.key)] = ACKED
+
+    def forget(self, drop: torch.Tensor) -> None:
+        """Rows `drop` (bool [R]) left the dock or start over (clear): no lease holds them any more."""
+        for held in list(self._held.values()):
+            gone = held.rows[drop[held.rows]]
+            if gone.numel():
+                self.settle(held.lease, gone, returned=True)
+                self.rows_returned[held.k] -= gone.numel()  # cleared, not handed back
+
+    def forget_keys(self) -> None:
+        """Forget the keys of acked leases (a new iteration may reuse them); live leases keep theirs."""
+        live = {(held.k, held.lease.key) for held in self._held.values() if held.lease.key is not None}
+        self._keys = {pair: found for pair, found in self._keys.items() if pair in live}
