@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+sys.path.insert(0, str(Path(__file__).parent))  # tests_support_* helpers
 
 
 @pytest.fixture

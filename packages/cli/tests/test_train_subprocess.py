@@ -12,11 +12,11 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from tests_support_rl import metric_steps, rl, rl_command, rl_env
 
 # Small enough for a shared 2-core machine, big enough that every stage runs (KL > 0: reference too).
 SMALL = [
@@ -29,33 +29,10 @@ SMALL = [
 ]
 
 
-def _rl(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(_rl_command(*args), capture_output=True, text=True, timeout=timeout, env=_env())
-
-
-def _rl_command(*args: str) -> list[str]:
-    script = Path(sys.executable).parent / "rl"
-    head = (
-        [str(script)]
-        if script.exists()
-        else [sys.executable, "-c", "from entrepot.cli.app import main; main()"]
-    )
-    return [*head, *args]
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1", "COLUMNS": "160"}
-
-
-def _steps(run_dir: Path) -> list[int]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line)["step"] for line in lines if line.strip()]
-
-
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     out = tmp_path_factory.mktemp("runs")
-    done = _rl("grpo", "train", "-o", str(out), "--name", "short", "--max-steps", "4", "--seed", "1", *SMALL)
+    done = rl("grpo", "train", "-o", str(out), "--name", "short", "--max-steps", "4", "--seed", "1", *SMALL)
     runs = list(out.iterdir())
     assert done.returncode == 0, done.stdout + done.stderr
     assert len(runs) == 1 and runs[0].name.startswith("short-")
@@ -66,7 +43,7 @@ def test_train_writes_config_metrics_plot_and_checkpoint(
     finished_run: tuple[Path, subprocess.CompletedProcess[str]],
 ) -> None:
     run_dir, done = finished_run
-    assert _steps(run_dir) == [1, 2, 3, 4]
+    assert metric_steps(run_dir) == [1, 2, 3, 4]
     assert (run_dir / "curves.png").read_bytes()[:4] == b"\x89PNG"
     assert (run_dir / "checkpoints" / "step_000004" / "model.safetensors").is_file()
     assert "max_steps: 4" in (run_dir / "config.yaml").read_text()
@@ -82,13 +59,13 @@ def test_train_writes_config_metrics_plot_and_checkpoint(
 
 def test_eval_reads_the_checkpoint(finished_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     run_dir, _ = finished_run
-    done = _rl("grpo", "eval", str(run_dir), "--num-prompts", "16")
+    done = rl("grpo", "eval", str(run_dir), "--num-prompts", "16")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "accuracy (greedy)" in done.stdout
     assert f"evaluated: {run_dir}" in done.stdout.splitlines()  # the path whole, on one line
     held_out = next(line for line in done.stdout.splitlines() if "held-out prompts" in line)
     assert "16" in held_out.split(), held_out
-    default = _rl("grpo", "eval", str(run_dir))  # no --num-prompts: the run's eval.num_prompts (SMALL)
+    default = rl("grpo", "eval", str(run_dir))  # no --num-prompts: the run's eval.num_prompts (SMALL)
     assert default.returncode == 0, default.stdout + default.stderr
     held_out = next(line for line in default.stdout.splitlines() if "held-out prompts" in line)
     assert "32" in held_out.split(), held_out
@@ -96,7 +73,7 @@ def test_eval_reads_the_checkpoint(finished_run: tuple[Path, subprocess.Complete
 
 def test_a_model_path_that_is_no_model_exits_2_at_once_and_leaves_no_run_folder(tmp_path: Path) -> None:
     started = time.perf_counter()
-    done = _rl("grpo", "train", "-q", "-o", str(tmp_path / "runs"), f"model.path={tmp_path}", timeout=60)
+    done = rl("grpo", "train", "-q", "-o", str(tmp_path / "runs"), f"model.path={tmp_path}", timeout=60)
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.strip().splitlines() == [
         f"error: model.path ({str(tmp_path)!r}) must be a local HF model directory with config.json"
@@ -108,8 +85,8 @@ def test_a_model_path_that_is_no_model_exits_2_at_once_and_leaves_no_run_folder(
 def test_a_crashing_verifier_is_one_line_with_its_traceback_in_error_log(tmp_path: Path) -> None:
     (tmp_path / "my_rewards.py").write_text("def crash(response, answer):\n    raise ValueError('no')\n")
     verifier = ["reward.custom={crash: 'my_rewards:crash'}", "reward.verifiers={crash: 1.0}"]
-    env = {**_env(), "PYTHONPATH": str(tmp_path)}  # the local Ray's workers inherit it
-    command = _rl_command("grpo", "train", "-q", "-o", str(tmp_path / "runs"), *SMALL, *verifier)
+    env = {**rl_env(), "PYTHONPATH": str(tmp_path)}  # the local Ray's workers inherit it
+    command = rl_command("grpo", "train", "-q", "-o", str(tmp_path / "runs"), *SMALL, *verifier)
     done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stderr.strip().splitlines() == [
@@ -125,7 +102,7 @@ def test_a_crashing_verifier_is_one_line_with_its_traceback_in_error_log(tmp_pat
 def test_bad_yaml_key_exits_2_with_one_line(tmp_path: Path) -> None:
     config = tmp_path / "bad.yaml"
     config.write_text("algorithm:\n  kl_coeff: 0.1\n")
-    done = _rl("grpo", "train", "--config", str(config), "-o", str(tmp_path / "runs"), timeout=60)
+    done = rl("grpo", "train", "--config", str(config), "-o", str(tmp_path / "runs"), timeout=60)
     assert done.returncode == 2
     assert done.stdout == ""
     assert done.stderr.strip().splitlines() == [
@@ -139,8 +116,8 @@ def test_bad_yaml_key_exits_2_with_one_line(tmp_path: Path) -> None:
 def test_ctrl_c_saves_a_checkpoint_and_resume_continues(tmp_path: Path) -> None:
     out = tmp_path / "runs"
     process = subprocess.Popen(
-        _rl_command("grpo", "train", "-o", str(out), "--max-steps", "200", "--quiet", *SMALL),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), start_new_session=True,
+        rl_command("grpo", "train", "-o", str(out), "--max-steps", "200", "--quiet", *SMALL),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=rl_env(), start_new_session=True,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 180
@@ -157,16 +134,16 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_continues(tmp_path: Path) -> None:
             os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 130, output
     run_dir = next(out.iterdir())
-    interrupted_at = _steps(run_dir)[-1]
+    interrupted_at = metric_steps(run_dir)[-1]
     checkpoints = sorted((run_dir / "checkpoints").iterdir())
     assert checkpoints and checkpoints[-1].name == f"step_{interrupted_at:06d}", output
     assert f"resume with: rl grpo train --resume {run_dir}" in " ".join(output.split())
     assert "Traceback" not in output
 
     target = interrupted_at + 2
-    done = _rl("grpo", "train", "--resume", str(run_dir), f"max_steps={target}", "--quiet")
+    done = rl("grpo", "train", "--resume", str(run_dir), f"max_steps={target}", "--quiet")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert _steps(run_dir) == list(range(1, target + 1))
+    assert metric_steps(run_dir) == list(range(1, target + 1))
     assert (run_dir / "checkpoints" / f"step_{target:06d}").is_dir()
     assert f"max_steps: {target}" in (run_dir / "config.yaml").read_text()
     assert (run_dir / "curves.png").is_file()

@@ -139,12 +139,16 @@ class Trainer:
         """Run steps until `max_steps` (or the target accuracy); checkpoint on Ctrl-C and re-raise.
 
         A failed step (`StageError`, a timeout) propagates without a checkpoint: the run directory
-        keeps its last good one, and `--resume` continues from there.
+        keeps its last good one, and `--resume` continues from there. So does a Ctrl-C that lands in
+        the middle of a step (a second Ctrl-C): a half-done step is never checkpointed.
         """
         history = self.history
+        at_boundary = True
         try:
             while self.step < self.config.max_steps:
+                at_boundary = False
                 metrics = self.train_step()
+                at_boundary = True
                 history.append(metrics)
                 self.metrics.write(metrics)
                 if on_step is not None:
@@ -156,7 +160,8 @@ class Trainer:
                 if target is not None and metrics.get("accuracy", 0.0) >= target:
                     break
         except KeyboardInterrupt:
-            self.save()
+            if at_boundary:
+                self.save()
             raise
         self.save()
         return history
@@ -201,6 +206,7 @@ class Trainer:
         step_time = time.perf_counter() - t_start
         metrics: dict[str, Any] = {
             "step": self.step,
+            "data/prompts_drawn": self.data_position,  # which prompts the run has trained on so far
             "reward_mean": float(scores.mean()) if scores.numel() else 0.0,
             "reward_std": float(scores.std()) if scores.numel() > 1 else 0.0,
             "time/advantages": t_adv,
