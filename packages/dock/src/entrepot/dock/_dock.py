@@ -484,9 +484,12 @@ class ExperienceDock(DockLifecycle):
 
     def _available_fn(self, k: int, col_ids: list[int]) -> Any:
         downstream = self.rollout_consumer is not None and self.consumers[k] != self.rollout_consumer
+        leased = self._leases.leased[k] if self._leases.num_leased[k] else None
 
         def available(lo: int, hi: int) -> torch.Tensor:
-            mask = self._ready[col_ids[0], lo:hi] & ~self._consumed[k, lo:hi] & ~self._leases.leased[k, lo:hi]
+            mask = self._ready[col_ids[0], lo:hi] & ~self._consumed[k, lo:hi]
+            if leased is not None:  # held for this consumer under a lease
+                mask &= ~leased[lo:hi]
             for c in col_ids[1:]:
                 mask &= self._ready[c, lo:hi]
             if downstream:  # unfinished partial responses are for the rollout only
