@@ -126,7 +126,8 @@ def test_exactly_once_with_consumers_dying_at_random_points():
     come back when the lease expires. Every row must be acked exactly once per consumer, 0 lost.
     """
     num_rows, consumers = 20_000, ["ref", "train"]
-    dock = ExperienceDock(num_rows, columns=["x", "out_ref"], consumers=consumers)
+    dock = ExperienceDock(num_rows, columns=["id", "x", "out_ref"], consumers=consumers)
+    dock.put({"id": torch.arange(num_rows)}, torch.arange(num_rows))  # rows exist; x comes from producers
     order = torch.randperm(num_rows, generator=torch.Generator().manual_seed(0))
     acked: dict[str, list[int]] = {name: [] for name in consumers}
     deaths = {name: 0 for name in consumers}
