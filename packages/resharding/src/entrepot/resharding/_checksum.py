@@ -17,8 +17,8 @@ in their top bit, e.g. ``x`` and ``-x`` in bf16).
 
 Why int32 twice rather than int64 once: CPUs without AVX-512 have no vector 64-bit multiply,
 so one int64 multiply-and-sum pass costs more than two int32 ones (measured on one core: 1.4
-vs 3.2 GB/s of bf16). Integer sums are exact and order-free, so the value is the same on every rank,
-device and chunking: the words are processed in chunks (cache-sized on CPU, larger on
+vs 3.2 GB/s of bf16). Integer sums are exact and order-free, so the value is the same on every
+rank, device and chunking: the words are processed in chunks (cache-sized on CPU, larger on
 accelerators) only to bound the temporaries.
 """
 
@@ -86,9 +86,9 @@ def checksum(tensor: torch.Tensor) -> torch.Tensor:
     words = _words(tensor)
     num_words = words.numel()
     device = words.device
-    total = torch.zeros(2, dtype=torch.int32, device=device)
     if num_words == 0:
         return torch.zeros((), dtype=torch.int64, device=device)
+    total = torch.zeros(2, dtype=torch.int32, device=device)
     position_weights, block_weights = _tables(device, -(-num_words // BLOCK_WORDS))
     chunk = _CHUNK_WORDS.get(device.type, _ACCELERATOR_CHUNK_WORDS)
     chunk = min(chunk, -(-num_words // BLOCK_WORDS) * BLOCK_WORDS)
