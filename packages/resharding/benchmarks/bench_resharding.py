@@ -23,11 +23,16 @@ extra memory of the ``Resharder`` is reported against its design target, one buc
 inference copy: as accounted (``ReshardStats.scratch_bytes + output_bytes``) and as measured
 (the largest RSS growth of a rank, sampled every 2 ms).
 
+The cost of ``verify=True`` is measured in the same runs: the same reshard with verification
+(position-mixed checksums of every slice at both ends, round trips of the layout conversions),
+printed as a ratio to ``verify=False``; and the checksum's own GB/s next to a ``copy_`` of the
+same bytes (one thread, bf16 and fp32; on CUDA too when there is one).
+
 Two shapes of the same bytes: ``wide`` (hidden 1024, ~110 tensors) and ``deep`` (hidden 256,
 ~2,000 tensors, where per-tensor collectives pay their latency each time).
 
 Run: ``python bench_resharding.py [--size-mb 512] [--bucket-mb 64] [--repeats 3] [--shapes wide,deep]``
-(about 1.5 minutes on 2 CPU cores).
+(about 2.5 minutes on 2 CPU cores).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from entrepot.resharding import ParallelLayout, Resharder, WeightAdaptor, get_adaptor
+from entrepot.resharding._checksum import checksum
 
 MB = 2**20
 
@@ -217,8 +223,10 @@ def _worker(rank: int, port: int, sc: Scenario, shape: str, args: argparse.Names
     local = _local_shard(adaptor, config, sc, rank, dtype)
     groups = _pipeline_groups(sc) if sc.baseline == "per-tensor" else None
     resharder = Resharder(adaptor, sc.train, sc.infer, bucket_bytes=args.bucket_mb * MB)
-    resharder.reshard(local)  # warm-up: plan and buffer layout
-    resharder.destroy_buffers()
+    verifying = Resharder(adaptor, sc.train, sc.infer, bucket_bytes=args.bucket_mb * MB, verify=True)
+    for warm in (resharder, verifying):  # warm-up: plan and buffer layout
+        warm.reshard(local)
+        warm.destroy_buffers()
     peak = 0
 
     def bucketed() -> float:
@@ -229,14 +237,20 @@ def _worker(rank: int, port: int, sc: Scenario, shape: str, args: argparse.Names
         resharder.destroy_buffers()
         return seconds
 
+    def verified() -> float:
+        seconds = _timed(lambda: verifying.reshard(local))
+        verifying.destroy_buffers()
+        return seconds
+
     def baseline() -> float:
         if sc.baseline == "per-tensor":
             return _timed(lambda: _per_tensor(adaptor, resharder, local, sc, groups))
         return _timed(lambda: adaptor.train_to_infer(local))
 
-    times: dict[str, list[float]] = {"Resharder": [], sc.baseline: []}
-    for _ in range(args.repeats):  # interleaved, so load changes on a shared machine hit both alike
+    times: dict[str, list[float]] = {"Resharder": [], "verify=True": [], sc.baseline: []}
+    for _ in range(args.repeats):  # interleaved, so load changes on a shared machine hit all alike
         times["Resharder"].append(bucketed())
+        times["verify=True"].append(verified())
         times[sc.baseline].append(baseline())
     stats = resharder.stats
     # [max over ranks: peak RSS growth, scratch, output bytes] and [sum: sent, local copies]
@@ -285,6 +299,25 @@ def _memcpy_gbps(nbytes: int, repeats: int = 5) -> tuple[float, float]:
     return nbytes / warm / 1e9, nbytes / fresh / 1e9
 
 
+def _checksum_vs_copy(nbytes: int, dtype: torch.dtype, device: str, repeats: int = 5) -> tuple[float, float]:
+    """``(checksum GB/s, copy_ GB/s)`` over the same ``nbytes`` of ``dtype``, best of ``repeats``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    src = torch.randn(nbytes // dtype.itemsize, device=device).to(dtype)
+    dst = torch.empty_like(src)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    best = {"checksum": float("inf"), "copy_": float("inf")}
+    for _ in range(repeats):
+        for name, fn in (("checksum", lambda: checksum(src)), ("copy_", lambda: dst.copy_(src))):
+            sync()
+            start = time.perf_counter()
+            fn()
+            sync()
+            best[name] = min(best[name], time.perf_counter() - start)
+    torch.set_num_threads(threads)
+    return nbytes / best["checksum"] / 1e9, nbytes / best["copy_"] / 1e9
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -306,14 +339,20 @@ def _report(
         f"{'method':<22} {'seconds':>8} {'MB written/rank':>16} {'GB/s':>7} {'vs memcpy':>10} "
         f"{'vs fresh memcpy':>16} {'time vs Resharder':>18}"
     )
-    written = {"Resharder": out, "per-tensor": out, "local train_to_infer": res["baseline_fresh"]}
-    for method in ("Resharder", sc.baseline):
+    written = {
+        "Resharder": out,
+        "verify=True": out,
+        "per-tensor": out,
+        "local train_to_infer": res["baseline_fresh"],
+    }
+    for method in ("Resharder", "verify=True", sc.baseline):
         seconds = res[method]
         gbps = written[method] / seconds / 1e9
         print(
             f"{method:<22} {seconds:8.3f} {written[method] / MB:16.0f} {gbps:7.2f} {gbps / memcpy[0]:10.0%} "
             f"{gbps / memcpy[1]:16.0%} {seconds / res['Resharder']:17.2f}x"
         )
+    print(f"verify=True / verify=False: {res['verify=True'] / res['Resharder']:.2f}x")
     target = args.bucket_mb * MB + out
     accounted = res["scratch"] + out
     print(
@@ -331,7 +370,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per method (best is reported)")
     parser.add_argument("--shapes", default="wide,deep", help=f"comma-separated, from {sorted(SHAPES)}")
-    args = parser.parse_args()
+    args, _ = parser.parse_known_args()  # nox passes the same posargs to every benchmark
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # One forkserver imports torch once; each reshard then forks its ranks instead of spawning
     # fresh interpreters (seconds each on a loaded 2-core machine).
@@ -342,6 +381,13 @@ def main() -> None:
         f"memcpy (1 thread, {args.size_mb} MB copy_, best of 5): {memcpy[0]:.2f} GB/s; "
         f"into freshly allocated memory: {memcpy[1]:.2f} GB/s"
     )
+    for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
+        for dtype in (torch.bfloat16, torch.float32):
+            ours, copy = _checksum_vs_copy(args.size_mb * MB, dtype, device)
+            print(
+                f"checksum ({device}, {dtype}, {args.size_mb} MB, best of 5): {ours:.2f} GB/s; copy_ of the "
+                f"same bytes {copy:.2f} GB/s; checksum / copy_ time {copy / ours:.2f}x"
+            )
     for shape in args.shapes.split(","):
         for sc in SCENARIOS:
             with mp.Manager() as manager:

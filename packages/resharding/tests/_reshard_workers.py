@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -17,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from entrepot.resharding import ChecksumMismatchError, ParallelLayout, Resharder, get_adaptor
+from entrepot.resharding.adaptors import LlamaAdaptor
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,76 @@ class CorruptingResharder(Resharder):
         received = [t.view(torch.uint8) for t, _ in recvs if t.numel()]
         if dist.get_rank() == 1 and received:
             received[0][received[0].numel() // 2] ^= 0x40
+
+
+@dataclass(frozen=True)
+class SwapProbes:
+    """Reshards of one model (training PP=2 -> inference TP=1 on 2 ranks), each with swapped pairs."""
+
+    architecture: str
+    config: dict[str, Any]
+    state_path: str
+    probes: list[list[tuple[int, int]]]  # per reshard: the (i, k) flat positions swapped on rank 1
+
+
+class SwappingResharder(Resharder):
+    """Rank 1 swaps pairs of elements inside the first slice it receives, after it arrived."""
+
+    def __init__(self, *args: Any, pairs: list[tuple[int, int]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pairs = pairs
+        self.swapped: str | None = None
+
+    def _exchange_dtype(self, rnd: Any, dtype: torch.dtype, rank: int, *args: Any) -> None:
+        super()._exchange_dtype(rnd, dtype, rank, *args)
+        targets = args[1]
+        for seg in rnd.segments:
+            if rank != 1 or self.swapped is not None or seg.dst != rank or seg.src == rank:
+                continue
+            region = targets[seg.name].narrow(seg.dim, seg.dst_start, seg.length)
+            if region.is_contiguous() and region.numel() > max(k for _, k in self.pairs):
+                flat = region.view(-1)
+                for i, k in self.pairs:
+                    assert flat[i] != flat[k], (i, k)  # a swap of equal values changes nothing
+                    flat[i], flat[k] = flat[k].clone(), flat[i].clone()
+                self.swapped = seg.name
+
+
+def run_swap_probes(rank: int, world: int, port: int, job: SwapProbes) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        adaptor = get_adaptor(job.architecture, SimpleNamespace(**job.config))
+        full = adaptor.hf_to_train(torch.load(job.state_path))
+        train = ParallelLayout(pp=2)
+        local = adaptor.shard(full, train, pp_rank=train.coords(rank, world).pp_rank)
+        for pairs in job.probes:
+            resharder = SwappingResharder(adaptor, train, ParallelLayout(), verify=True, pairs=pairs)
+            try:
+                resharder.reshard(local)
+            except ChecksumMismatchError as err:
+                assert "'embedding.word_embeddings.weight' rank 0 -> rank 1" in str(err), str(err)
+                assert "1 slice(s)" in str(err), str(err)
+            else:
+                raise AssertionError(f"rank {rank}: swaps {pairs} were not detected")
+            assert rank != 1 or resharder.swapped == "embedding.word_embeddings.weight", resharder.swapped
+    finally:
+        dist.destroy_process_group()
+
+
+class RankOneSwapsHeads(LlamaAdaptor):
+    """A wrong conversion on rank 1 only: the first two query heads of layer 0 trade places."""
+
+    def train_to_infer(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = super().train_to_infer(state)
+        qkv = out.get("model.layers.0.self_attn.qkv_proj.weight")
+        if dist.get_rank() == 1 and qkv is not None:
+            rows = self.dims.head_dim
+            out["model.layers.0.self_attn.qkv_proj.weight"] = torch.cat(
+                [qkv[rows : 2 * rows], qkv[:rows], qkv[2 * rows :]]
+            )
+        return out
 
 
 def run(rank: int, world: int, port: int, scenario: Scenario) -> None:
@@ -94,3 +166,10 @@ def _check(rank: int, world: int, sc: Scenario) -> None:
             assert "rank" in str(err)
         else:
             raise AssertionError(f"rank {rank}: corrupted transfer was not detected")
+        wrong = RankOneSwapsHeads(SimpleNamespace(**sc.config))
+        try:
+            Resharder(wrong, sc.train, sc.infer, bucket_bytes=sc.bucket_bytes, verify=True).reshard(local)
+        except ChecksumMismatchError as err:  # every rank hears of rank 1's conversion, by name
+            assert "rank 1: 'decoder.layers.0.self_attention.linear_qkv.weight' differs" in str(err), str(err)
+        else:
+            raise AssertionError(f"rank {rank}: a wrong conversion on rank 1 was not detected")

@@ -229,6 +229,49 @@ def test_expert_parallel_shards_stack_the_owned_experts(architecture: str) -> No
         assert got["model.layers.1.mlp.experts.w2_weight"].shape[0] == 2
 
 
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_infer_to_train_of_the_reference_gives_the_training_layout(architecture: str) -> None:
+    """The inverse checked against the reference built from HF tensors, not against the forward."""
+    config, model = _model(architecture)
+    adaptor = get_adaptor(architecture, config)
+    expected = adaptor.hf_to_train(_state(model))
+    got = adaptor.infer_to_train(_vllm_reference(architecture, _state(model), tied=False))
+    assert sorted(got) == sorted(expected)
+    for name, tensor in expected.items():
+        assert torch.equal(got[name], tensor), name
+
+
+LAYOUTS = [
+    ParallelLayout(),
+    ParallelLayout(tp=2),
+    ParallelLayout(tp=2, ep=2, expert_tp=1),
+    ParallelLayout(tp=1, ep=4),
+]
+MOE = ("Qwen3MoeForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM")
+
+
+@pytest.mark.parametrize(
+    ("architecture", "layout"),
+    [(a, layout) for a in ARCHITECTURES for layout in LAYOUTS if layout.ep == 1 or a in MOE],
+    ids=str,
+)
+def test_infer_to_train_inverts_train_to_infer_on_every_shard(
+    architecture: str, layout: ParallelLayout
+) -> None:
+    config, model = _model(architecture)
+    adaptor = get_adaptor(architecture, config)
+    full_train = adaptor.hf_to_train(_state(model))
+    world = layout.tp * layout.ep
+    for rank in range(world):
+        c = layout.coords(rank, world)
+        shard = adaptor.shard(full_train, layout, c.tp_rank, 0, c.ep_rank, c.etp_rank)
+        experts = [adaptor.param_spec(n).expert for n in shard if adaptor.param_spec(n).is_expert]
+        back = adaptor.infer_to_train(adaptor.train_to_infer(shard), first_expert=min(experts, default=0))
+        assert sorted(back) == sorted(shard), rank
+        for name, tensor in shard.items():
+            assert torch.equal(back[name], tensor), (rank, name)
+
+
 @pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "Qwen3ForCausalLM", "GPT2LMHeadModel"])
 def test_train_to_hf_loads_back_into_the_model_with_identical_logits(architecture: str) -> None:
     config, model = _model(architecture)

@@ -11,7 +11,7 @@ import torch
 import torch.multiprocessing as mp
 import transformers
 
-from entrepot.resharding import LayoutError, ParallelLayout, Resharder, get_adaptor
+from entrepot.resharding import ChecksumMismatchError, LayoutError, ParallelLayout, Resharder, get_adaptor
 from entrepot.resharding._plan import build_plan
 
 WORLD = 4
@@ -212,3 +212,120 @@ def test_gloo_reshard_matches_the_shard_cut_from_the_full_model(scenario: str, t
     mp.start_processes(
         workers.run, args=(WORLD, workers.free_port(), job), nprocs=WORLD, start_method="forkserver"
     )
+
+
+OLD_PERIOD = 65_521  # the old checksum's weights were position % 65521 + 1
+
+
+def _swap_pairs(seed: int, num_elements: int) -> list[tuple[int, int]]:
+    """Three random pairs, each at a random multiple (1-5) of the old period."""
+    generator = torch.Generator().manual_seed(seed)
+    pairs = []
+    for _ in range(3):
+        distance = OLD_PERIOD * int(torch.randint(1, 6, (1,), generator=generator))
+        first = int(torch.randint(0, num_elements - distance, (1,), generator=generator))
+        pairs.append((first, first + distance))
+    return pairs
+
+
+def test_swapped_elements_inside_a_received_slice_are_caught(tmp_path: Path) -> None:
+    """On 2 gloo ranks, rank 1 swaps elements of the embedding it received (524,288 elements):
+    (a) two elements one old period apart, (b) three random pairs at random multiples of it.
+    Every rank must raise ChecksumMismatchError naming the embedding."""
+    config, state = _tiny("Qwen2ForCausalLM", **{**MODELS["Qwen2ForCausalLM"], "vocab_size": 16384})
+    state_path = tmp_path / "state.pt"
+    torch.save(state, state_path)
+    probes = [[(1000, 1000 + OLD_PERIOD)]] + [_swap_pairs(seed, 16384 * 32) for seed in range(4)]
+    job = workers.SwapProbes("Qwen2ForCausalLM", config.to_dict(), str(state_path), probes)
+    mp.start_processes(
+        workers.run_swap_probes, args=(2, workers.free_port(), job), nprocs=2, start_method="forkserver"
+    )
+
+
+def _swap_rows(tensor: torch.Tensor, a: slice, b: slice) -> torch.Tensor:
+    out = tensor.clone()
+    out[a], out[b] = tensor[b], tensor[a]
+    return out
+
+
+WRONG_CONVERSIONS: dict[str, tuple[str, str, Any]] = {
+    # name: (architecture, the parameter named in the error, wrong edit of the inference tensors)
+    "qkv rows permuted": (
+        "Qwen2ForCausalLM",
+        "decoder.layers.1.self_attention.linear_qkv.weight",
+        lambda name, t: (
+            t[torch.randperm(t.shape[0], generator=torch.Generator().manual_seed(0))]
+            if name == "model.layers.1.self_attn.qkv_proj.weight"
+            else t
+        ),
+    ),
+    "two query heads swapped": (
+        "LlamaForCausalLM",
+        "decoder.layers.2.self_attention.linear_qkv.weight",
+        lambda name, t: (
+            _swap_rows(t, slice(0, 4), slice(4, 8))  # head_dim 4
+            if name == "model.layers.2.self_attn.qkv_proj.weight"
+            else t
+        ),
+    ),
+    "experts stacked in reverse": (
+        "Qwen3MoeForCausalLM",
+        "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight",
+        lambda name, t: t.flip(0) if name == "model.layers.0.mlp.experts.w13_weight" else t,
+    ),
+    "MLA split one row late": (
+        "DeepseekV3ForCausalLM",
+        "decoder.layers.0.self_attention.linear_qkv.weight",
+        lambda name, t: (
+            _swap_rows(t, slice(-1, None), slice(-2, -1))
+            if name == "model.layers.0.self_attn.q_a_proj.weight"
+            else t
+        ),
+    ),
+}
+
+DEEPSEEK = dict(
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    n_routed_experts=4,
+    n_shared_experts=1,
+    num_experts_per_tok=2,
+    moe_intermediate_size=16,
+    first_k_dense_replace=1,
+    q_lora_rank=12,
+    kv_lora_rank=8,
+    qk_nope_head_dim=4,
+    qk_rope_head_dim=2,
+    v_head_dim=4,
+    n_group=1,
+    topk_group=1,
+    tie_word_embeddings=False,
+)
+
+
+@pytest.mark.parametrize("architecture", [*MODELS, "DeepseekV3ForCausalLM"])
+def test_verify_passes_on_a_correct_reshard_of_every_adaptor(architecture: str) -> None:
+    overrides = DEEPSEEK if architecture.startswith("Deepseek") else {}
+    _, adaptor, full = _full_train(architecture, **overrides)
+    got = Resharder(adaptor, ParallelLayout(), ParallelLayout(), verify=True).reshard(full)
+    expected = adaptor.train_to_infer(full)
+    assert sorted(got) == sorted(expected)
+    assert all(torch.equal(got[n], t) for n, t in expected.items())
+
+
+@pytest.mark.parametrize("wrong", list(WRONG_CONVERSIONS))
+def test_a_wrong_layout_conversion_is_caught_and_named(wrong: str) -> None:
+    architecture, parameter, edit = WRONG_CONVERSIONS[wrong]
+    config, adaptor, full = _full_train(
+        architecture, **(DEEPSEEK if architecture.startswith("Deepseek") else {})
+    )
+
+    class WrongAdaptor(type(adaptor)):  # type: ignore[misc]
+        def train_to_infer(self, state: Any) -> dict[str, torch.Tensor]:
+            return {n: edit(n, t) for n, t in super().train_to_infer(state).items()}
+
+    resharder = Resharder(WrongAdaptor(config), ParallelLayout(), ParallelLayout(), verify=True)
+    with pytest.raises(ChecksumMismatchError, match="layout conversion") as caught:
+        resharder.reshard(full)
+    assert f"rank 0: {parameter!r} differs" in str(caught.value)
+    assert "0 slice(s)" in str(caught.value)

@@ -17,9 +17,19 @@ received bytes + staged shards and their converted copies) exceeds ``bucket_byte
 extra memory is the inference copy plus one bucket (a single group larger than the bucket
 gets a round of its own).
 
-With ``verify=True`` every slice is checksummed at its source and at its destination, and every
-layout conversion is checked to preserve its elements; a mismatch raises
-``ChecksumMismatchError`` on every rank before any weight reaches the inference engine.
+With ``verify=True``:
+
+* every slice is checksummed at its source and at its destination with a position-mixed
+  checksum (``_checksum``: every 16-bit word weighted by a hash of its position, no period),
+  so a changed element, or two swapped at any distance, is caught;
+* every layout conversion is checked by a round trip (``_conversion_check``): the inference
+  tensors, mapped back by the adaptor's independent inverse ``infer_to_train``, must equal the
+  staged training-layout tensors bit for bit, so a permuted or wrongly split conversion is
+  caught and named.
+
+The checks stay on the device (one host sync per reshard) and are all-reduced; a mismatch raises
+``ChecksumMismatchError`` on every rank, naming the slices and parameters, before any weight
+reaches the inference engine.
 """
 
 from __future__ import annotations
@@ -31,6 +41,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from entrepot.resharding._checksum import checksum
+from entrepot.resharding._conversion_check import ConversionCheck
 from entrepot.resharding._plan import ReshardPlan, Round, Segment, build_plan
 from entrepot.resharding.adaptors.base import WeightAdaptor
 from entrepot.resharding.buffers import MemoryBuffer, ModelWeightBuffer
@@ -40,7 +52,6 @@ from entrepot.resharding.layout import ParallelLayout
 __all__ = ["DEFAULT_BUCKET_BYTES", "ReshardStats", "Resharder"]
 
 DEFAULT_BUCKET_BYTES = 256 * 2**20
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 @dataclass
@@ -62,18 +73,6 @@ def _region(tensor: torch.Tensor, seg: Segment, start: int) -> torch.Tensor:
     return flat.narrow(seg.dim, start, seg.length)
 
 
-def _checksum(tensor: torch.Tensor) -> int:
-    """Order-sensitive checksum of the bit patterns (wrapping int64 arithmetic)."""
-    bits = tensor.reshape(-1).view(_BITS[tensor.dtype.itemsize]).to(torch.int64)
-    weights = torch.arange(bits.numel(), dtype=torch.int64, device=bits.device) % 65521 + 1
-    return int((bits * weights).sum())
-
-
-def _bit_sum(tensors: Sequence[torch.Tensor]) -> int:
-    """Order-insensitive checksum: layout conversions only permute elements, so it is preserved."""
-    return sum(int(t.reshape(-1).view(_BITS[t.dtype.itemsize]).to(torch.int64).sum()) for t in tensors)
-
-
 class Resharder:
     """Turns this rank's training shard into its inference shard.
 
@@ -84,7 +83,8 @@ class Resharder:
         group: the process group spanning both engines (default: the world).
         bucket_bytes: scratch bytes per rank and round (sent + received + staged); larger
             buckets mean fewer collectives and more scratch memory.
-        verify: checksum every slice and conversion; mismatches raise ``ChecksumMismatchError``.
+        verify: checksum every slice at both ends and round-trip every layout conversion;
+            mismatches raise ``ChecksumMismatchError`` (see the module docstring for the cost).
         device: where the inference weights live (default: the training shard's device).
 
     Example:
@@ -143,14 +143,17 @@ class Resharder:
         # On the weights' device so that NCCL/HCCL can reduce it.
         num_segments = sum(len(r.segments) for r in plan.rounds)
         checks = torch.zeros(num_segments + 1, 2, dtype=torch.int64, device=weights.buffer.device)
+        conversions = ConversionCheck(self.adaptor)
         with torch.no_grad():
             for rnd in plan.rounds:
-                self._run_round(rnd, rank, local, weights, arena, stats, checks)
+                self._run_round(rnd, rank, local, weights, arena, stats, checks, conversions)
         if arena is not None:
             stats.scratch_bytes = arena.nbytes
             arena.destroy()
         if self.verify:
-            self._verify(plan, checks)
+            failed = conversions.failures()
+            checks[-1, 1] = len(failed)
+            self._verify(plan, checks, [f"rank {rank}: {line}" for line in failed])
         stats.seconds = time.perf_counter() - start
         self.stats = stats
         return weights.named_tensors()
@@ -231,6 +234,7 @@ class Resharder:
         arena: MemoryBuffer | None,
         stats: ReshardStats,
         checks: torch.Tensor,
+        conversions: ConversionCheck,
     ) -> None:
         """Move one round's slices into place and convert its staged groups."""
         assert self._plan is not None
@@ -262,9 +266,9 @@ class Resharder:
         if self.verify:
             for seg in rnd.segments:
                 if seg.src == rank:
-                    checks[seg.index, 0] = _checksum(_region(local[seg.name], seg, seg.src_start))
+                    checks[seg.index, 0] = checksum(_region(local[seg.name], seg, seg.src_start))
                 if seg.dst == rank:
-                    checks[seg.index, 1] = _checksum(_region(targets[seg.name], seg, seg.dst_start))
+                    checks[seg.index, 1] = checksum(_region(targets[seg.name], seg, seg.dst_start))
 
         for group in rnd.staged_groups:
             names = [n for n in group if n in targets]
@@ -272,10 +276,8 @@ class Resharder:
                 continue
             converted = self.adaptor.train_to_infer({n: targets[n] for n in names})
             weights.copy_by_name(converted)
-            if self.verify and _bit_sum([targets[n] for n in names]) != _bit_sum(
-                [weights[n] for n in converted]
-            ):
-                checks[-1, 1] += 1  # a conversion lost or changed elements; reported by _verify
+            if self.verify:  # what landed in the output buffer must map back to the staged shard
+                conversions.add({n: targets[n] for n in names}, {n: weights[n] for n in converted})
 
     def _exchange_dtype(
         self,
@@ -327,7 +329,8 @@ class Resharder:
                 request.wait()
 
     # -- verification ----------------------------------------------------------------------
-    def _verify(self, plan: ReshardPlan, checks: torch.Tensor) -> None:
+    def _verify(self, plan: ReshardPlan, checks: torch.Tensor, failed_conversions: list[str]) -> None:
+        """Raise ``ChecksumMismatchError`` on every rank if any rank saw a mismatch."""
         if plan.world_size > 1:
             dist.all_reduce(checks, group=self.group)
         checks = checks.cpu()
@@ -335,6 +338,10 @@ class Resharder:
         bad = (checks[:-1, 0] != checks[:-1, 1]).nonzero().flatten().tolist()
         if not bad and not failures:
             return
+        if failures and plan.world_size > 1:  # every rank gets here together: the count was reduced
+            gathered: list[list[str]] = [[] for _ in range(plan.world_size)]
+            dist.all_gather_object(gathered, failed_conversions, group=self.group)
+            failed_conversions = [line for lines in gathered for line in lines]
         segments = {s.index: s for r in plan.rounds for s in r.segments}
         lines = [
             f"{s.name!r} rank {s.src} -> rank {s.dst}, dim {s.dim} [{s.dst_start}:{s.dst_start + s.length}]"
@@ -342,5 +349,6 @@ class Resharder:
         ]
         raise ChecksumMismatchError(
             f"resharded weights differ from their source: {len(bad)} slice(s) and {failures} "
-            f"layout conversion(s) failed verification; first slices: {'; '.join(lines) or 'none'}"
+            f"layout conversion(s) failed verification; first slices: {'; '.join(lines) or 'none'}; "
+            f"first conversions: {'; '.join(failed_conversions[:5]) or 'none'}"
         )

@@ -83,13 +83,17 @@ def fill(template: str, layer: str | None, expert: int | str | None) -> str:
     return name if expert is None else name.replace("{e}", str(expert))
 
 
-def convert(state: Mapping[str, torch.Tensor], rules: Sequence[Rule], what: str) -> dict[str, torch.Tensor]:
+def convert(
+    state: Mapping[str, torch.Tensor], rules: Sequence[Rule], what: str, first_expert: int = 0
+) -> dict[str, torch.Tensor]:
     """Apply ``rules`` to every tensor of ``state``; a name no rule matches is an error.
 
     Args:
         state: ``{name: tensor}`` in the source layout (full or TP-sharded tensors).
         rules: the rules of one direction; each source name must match exactly one template.
         what: the direction, for error messages (e.g. ``"Qwen2ForCausalLM hf -> train"``).
+        first_expert: the expert index an unstacking rule gives its first tensor (an EP rank's
+            stack holds experts ``first_expert, first_expert + 1, ...``).
     """
     # (rule index, layer, expert or None) -> {source slot: {expert or None: tensor}}
     groups: dict[tuple[int, str | None, str | None], dict[int, dict[int | None, torch.Tensor]]] = {}
@@ -122,7 +126,7 @@ def convert(state: Mapping[str, torch.Tensor], rules: Sequence[Rule], what: str)
         for template, result in zip(rule.dst, results, strict=True):
             if rule.unstacks:
                 for expert_index, tensor in enumerate(result):
-                    out[fill(template, layer, expert_index)] = tensor
+                    out[fill(template, layer, first_expert + expert_index)] = tensor
             else:
                 out[fill(template, layer, key_expert)] = result
     return out

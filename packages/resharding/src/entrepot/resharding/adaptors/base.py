@@ -109,7 +109,8 @@ class WeightAdaptor:
     """Converts one model family between the ``hf``, ``train`` and ``infer`` layouts.
 
     Subclasses declare ``hf_rules`` (hf -> train, with inverses), ``infer_rules``
-    (train -> infer) and ``tp_specs`` (train template -> ``(tp_dim, fused_chunks)``) for
+    (train -> infer, every one with its inverse: ``infer_to_train`` and the ``Resharder``'s
+    verification use it) and ``tp_specs`` (train template -> ``(tp_dim, fused_chunks)``) for
     ``self.dims``; everything else is shared.
 
     Args:
@@ -124,6 +125,7 @@ class WeightAdaptor:
         self._hf_rules = self.hf_rules()
         self._train_to_hf_rules = [r.inverted() for r in self._hf_rules if r.backward is not None]
         self._infer_rules = self.infer_rules()
+        self._infer_to_train_rules = [r.inverted() for r in self._infer_rules]
         specs = self.tp_specs()
         self._spec_patterns = [
             (re.compile(re.escape(t).replace(r"\{\}", r"\d+").replace(r"\{e\}", r"(?P<e>\d+)")), spec)
@@ -136,7 +138,7 @@ class WeightAdaptor:
         raise NotImplementedError
 
     def infer_rules(self) -> list[Rule]:
-        """Rules from training names to inference names."""
+        """Rules from training names to inference names, each with ``backward`` (its inverse)."""
         raise NotImplementedError
 
     def tp_specs(self) -> dict[str, tuple[int | None, int]]:
@@ -159,6 +161,16 @@ class WeightAdaptor:
     def train_to_infer(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Training layout -> inference layout; tensors may be full or one TP/EP shard."""
         return convert(state, self._infer_rules, f"{self.name} train -> infer")
+
+    def infer_to_train(
+        self, state: Mapping[str, torch.Tensor], first_expert: int = 0
+    ) -> dict[str, torch.Tensor]:
+        """Inference layout -> training layout, the inverse of ``train_to_infer`` (full or sharded).
+
+        Stacked experts come back numbered from ``first_expert``: an EP rank's stack holds the
+        contiguous block of experts that starts there.
+        """
+        return convert(state, self._infer_to_train_rules, f"{self.name} infer -> train", first_expert)
 
     def hf_to_infer(self, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """HF state dict -> inference layout (through the training layout)."""

@@ -72,7 +72,7 @@ def mla_rules(q_lora_rank: int) -> tuple[list[Rule], list[Rule]]:
     hf = [Rule((q_a, kv_a), (qkv,), merge, split)]
     hf += [rename(hf_attn + h, tr_attn + t) for h, t in pairs]
     hf.append(rename(HF_LAYER + "input_layernorm.weight", TRAIN_LAYER + "input_layernorm.weight"))
-    infer = [Rule((qkv,), (q_a, kv_a), split)]
+    infer = [Rule((qkv,), (q_a, kv_a), split, merge)]
     infer += [rename(tr_attn + t, hf_attn + h) for h, t in pairs]
     infer.append(rename(TRAIN_LAYER + "input_layernorm.weight", HF_LAYER + "input_layernorm.weight"))
     return hf, infer

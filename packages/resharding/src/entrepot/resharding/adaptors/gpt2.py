@@ -14,7 +14,12 @@ import torch
 
 from entrepot.resharding.adaptors._rules import Rule, rename
 from entrepot.resharding.adaptors.base import WeightAdaptor
-from entrepot.resharding.adaptors.layouts import deinterleave_qkv, interleave_qkv, interleaved_qkv_to_fused
+from entrepot.resharding.adaptors.layouts import (
+    deinterleave_qkv,
+    fused_qkv_to_interleaved,
+    interleave_qkv,
+    interleaved_qkv_to_fused,
+)
 
 __all__ = ["GPT2Adaptor"]
 
@@ -82,6 +87,7 @@ class GPT2Adaptor(WeightAdaptor):
 
     def infer_rules(self) -> list[Rule]:
         to_fused = partial(interleaved_qkv_to_fused, heads_per_group=1, head_dim=self.dims.head_dim)
+        to_interleaved = partial(fused_qkv_to_interleaved, heads_per_group=1, head_dim=self.dims.head_dim)
         rules = [
             rename("embedding.word_embeddings.weight", "transformer.wte.weight"),
             rename("embedding.position_embeddings.weight", "transformer.wpe.weight"),
@@ -92,6 +98,7 @@ class GPT2Adaptor(WeightAdaptor):
                     (f"{TR}self_attention.linear_qkv.{kind}",),
                     (f"{HF}attn.qkv_proj.{kind}",),
                     lambda t: (to_fused(t),),
+                    lambda t: (to_interleaved(t),),
                 ),
                 rename(f"{TR}self_attention.linear_proj.{kind}", f"{HF}attn.c_proj.{kind}"),
                 rename(f"{TR}mlp.linear_fc1.{kind}", f"{HF}mlp.c_fc.{kind}"),

@@ -19,6 +19,7 @@ from entrepot.resharding.errors import ShapeMismatchError
 __all__ = [
     "deinterleave_qkv",
     "fuse_gate_up",
+    "fused_qkv_to_interleaved",
     "interleave_qkv",
     "interleaved_qkv_to_fused",
     "shard_dim",
@@ -72,6 +73,24 @@ def deinterleave_qkv(
 def interleaved_qkv_to_fused(qkv: torch.Tensor, heads_per_group: int, head_dim: int) -> torch.Tensor:
     """Megatron's interleaved ``linear_qkv`` -> vLLM's ``qkv_proj`` ``[Q; K; V]`` (same rows)."""
     return torch.cat(deinterleave_qkv(qkv, heads_per_group, head_dim), dim=0)
+
+
+def fused_qkv_to_interleaved(qkv: torch.Tensor, heads_per_group: int, head_dim: int) -> torch.Tensor:
+    """vLLM's ``qkv_proj`` ``[Q; K; V]`` -> Megatron's interleaved ``linear_qkv``.
+
+    The inverse of ``interleaved_qkv_to_fused``, written through ``interleave_qkv`` (not by
+    undoing ``deinterleave_qkv``) so that the ``Resharder``'s round-trip check compares two
+    independent routes. Shape: [G * (P + 2) * D, *] -> [G * (P + 2) * D, *].
+    """
+    group_rows = (heads_per_group + 2) * head_dim
+    if qkv.shape[0] % group_rows:
+        raise ShapeMismatchError(
+            f"fused_qkv_to_interleaved: {qkv.shape[0]} rows are not whole groups of "
+            f"(P + 2) * D = {group_rows}"
+        )
+    kv_rows = qkv.shape[0] // group_rows * head_dim  # G * D
+    q, k, v = qkv.split([qkv.shape[0] - 2 * kv_rows, kv_rows, kv_rows], dim=0)
+    return interleave_qkv(q, k, v, head_dim)
 
 
 def fuse_gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

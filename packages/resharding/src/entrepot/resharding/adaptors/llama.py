@@ -15,6 +15,7 @@ from entrepot.resharding.adaptors.base import WeightAdaptor
 from entrepot.resharding.adaptors.layouts import (
     deinterleave_qkv,
     fuse_gate_up,
+    fused_qkv_to_interleaved,
     interleave_qkv,
     interleaved_qkv_to_fused,
     split_gate_up,
@@ -54,6 +55,7 @@ def attention_rules(head_dim: int, heads_per_group: int) -> tuple[list[Rule], li
     to_train = partial(interleave_qkv, head_dim=head_dim)
     from_train = partial(deinterleave_qkv, heads_per_group=heads_per_group, head_dim=head_dim)
     to_fused = partial(interleaved_qkv_to_fused, heads_per_group=heads_per_group, head_dim=head_dim)
+    to_interleaved = partial(fused_qkv_to_interleaved, heads_per_group=heads_per_group, head_dim=head_dim)
     hf: list[Rule] = [rename(HF_LAYER + "input_layernorm.weight", TRAIN_LAYER + "input_layernorm.weight")]
     infer: list[Rule] = [rename(TRAIN_LAYER + "input_layernorm.weight", HF_LAYER + "input_layernorm.weight")]
     for kind in ("weight", "bias"):
@@ -66,7 +68,12 @@ def attention_rules(head_dim: int, heads_per_group: int) -> tuple[list[Rule], li
             )
         )
         infer.append(
-            Rule((f"{tr_attn}linear_qkv.{kind}",), (f"{hf_attn}qkv_proj.{kind}",), lambda t: (to_fused(t),))
+            Rule(
+                (f"{tr_attn}linear_qkv.{kind}",),
+                (f"{hf_attn}qkv_proj.{kind}",),
+                lambda t: (to_fused(t),),
+                lambda t: (to_interleaved(t),),
+            )
         )
     for hf_name, train_name in (
         ("o_proj.weight", "linear_proj.weight"),

@@ -72,7 +72,7 @@ def routed_expert_rules() -> tuple[list[Rule], list[Rule]]:
     ]
     infer = [
         rename(TRAIN_LAYER + "mlp.router.weight", HF_LAYER + "mlp.gate.weight"),
-        Rule((fc1, fc2), (hf_experts + "w13_weight", hf_experts + "w2_weight"), _stack),
+        Rule((fc1, fc2), (hf_experts + "w13_weight", hf_experts + "w2_weight"), _stack, _unstack_fused),
     ]
     return hf, infer
 
