@@ -86,7 +86,7 @@ def read_manifest(directory: Path) -> Manifest:
     except FileNotFoundError as error:
         raise CheckpointError(
             f"{where} has no {MANIFEST}: it is incomplete (its save was stopped before the end) or was "
-            "written by entrepot-grpo 0.1.0, which wrote none; resume from an earlier checkpoint"
+            "written by entrepot-grpo < 0.3, which wrote none; resume from an earlier checkpoint"
         ) from error
     except (OSError, ValueError) as error:
         raise CheckpointError(f"{where}: {MANIFEST} is unreadable ({error})") from error

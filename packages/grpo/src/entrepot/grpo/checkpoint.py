@@ -236,7 +236,7 @@ def nothing_to_resume(run_dir: Path) -> str:
         return f"nothing to resume: {str(run_dir)!r} has no checkpoints/step_* directory"
     return (
         f"nothing to resume: {str(run_dir)!r} has no complete checkpoint; {partial} lack {MANIFEST} "
-        "(saves that were stopped, or written by entrepot-grpo 0.1.0, which wrote none)"
+        "(saves that were stopped, or written by entrepot-grpo < 0.3, which wrote none)"
     )
 
 
