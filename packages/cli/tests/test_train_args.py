@@ -55,14 +55,6 @@ def test_resume_validates_overrides_against_the_runs_config(runner: CliRunner, t
     _assert_one_line_error(result, "algorithm.lr (-1.0) must be > 0")
 
 
-def test_resume_of_a_finished_run_asks_for_more_steps(runner: CliRunner, tmp_path: Path) -> None:
-    (tmp_path / "config.yaml").write_text("max_steps: 3\n")
-    (tmp_path / "metrics.jsonl").write_text("".join(f'{{"step": {step}}}\n' for step in (1, 2, 3)))
-    result = runner.invoke(app, ["grpo", "train", "--resume", str(tmp_path)])
-    expected = "the run already has 3 of max_steps (3) steps; pass max_steps=N with N > 3"
-    _assert_one_line_error(result, expected)
-
-
 def test_eval_of_a_missing_path_is_a_user_error(runner: CliRunner, tmp_path: Path) -> None:
     missing = runner.invoke(app, ["grpo", "eval", str(tmp_path / "nope")])
     _assert_one_line_error(missing, "does not exist (expected a run directory or a checkpoint)")

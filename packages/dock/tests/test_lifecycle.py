@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from entrepot.dock import ColumnSpec, DockConfigError, ExperienceDock
+from entrepot.dock import ColumnSpec, DockStateError, ExperienceDock
 
 
 def test_all_consumed_and_progress(dock, make_rows):
@@ -111,7 +111,7 @@ def test_resume_gives_the_same_remaining_deliveries(tmp_path):
 def test_load_state_rejects_a_different_dock():
     state = _build().state_dict()
     other = ExperienceDock(16, columns=["ids", "lp", "s"], consumers=["a", "b"])
-    with pytest.raises(DockConfigError, match="capacity=32"):
+    with pytest.raises(DockStateError, match="capacity=32"):
         other.load_state_dict(state)
 
 

@@ -12,6 +12,7 @@ ray = pytest.importorskip("ray")
 from entrepot.dock import (  # noqa: E402
     DockClient,
     DockError,
+    DockStateError,
     ExperienceDock,
     GRPODock,
     GRPODockClient,
@@ -127,6 +128,21 @@ def test_the_actor_runs_only_its_public_control_methods_and_files_under_its_root
     unrooted = RayDockClient.launch(GRPODock, prompts_num=2, n_samples_per_prompt=2)
     with pytest.raises(InvalidArgumentError, match="needs the actor launched with files_root="):
         unrooted.save(str(root / "other.pt"))
+
+
+def test_a_corrupt_dock_file_fails_its_load_through_ray_with_dock_state_error(tmp_path):
+    client = RayDockClient.launch(GRPODock, prompts_num=2, n_samples_per_prompt=2, files_root=str(tmp_path))
+    client.put_prompts([torch.tensor([1, 2]), torch.tensor([3])], 2)
+    client.save("dock.pt")
+    data = bytearray((tmp_path / "dock.pt").read_bytes())
+    data[len(data) // 2] ^= 0x10
+    (tmp_path / "dock.pt").write_bytes(bytes(data))
+    client.reset()
+    with pytest.raises(
+        DockStateError, match=r"^dock file '.*dock\.pt': sha256 \w+ does not match its manifest"
+    ):
+        client.load("dock.pt")  # the actor's own error, not Ray's wrapper with the actor's traceback
+    assert client.progress("actor_rollout")["live"] == 0  # the failed load left the reset dock alone
 
 
 def test_client_actors_each_row_exactly_once():

@@ -53,12 +53,6 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def last_step(records: list[dict[str, Any]]) -> int:
-    """The step number of the last record (0 for a run that has none)."""
-    step = number(records[-1], STEP) if records else None
-    return 0 if step is None else int(step)
-
-
 def with_elapsed(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Copies of `records` with `elapsed`: the running sum of step and eval time.
 

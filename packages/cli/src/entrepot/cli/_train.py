@@ -68,14 +68,17 @@ def run_training(request: TrainRequest) -> int:
     from entrepot.cli._live import TrainDisplay
     from entrepot.cli._report import print_summary, write_plot
     from entrepot.grpo import train
+    from entrepot.grpo.checkpoint import checkpoint_step
     from entrepot.grpo.errors import StageError
 
     metrics_path = run_dir / config.logging.metrics_file
-    done_before = m.last_step(m.read_metrics(metrics_path))
+    # What a resume continues from is the newest checkpoint, not metrics.jsonl (which may hold steps
+    # logged after it, before a crash); a new run has none.
+    done_before = checkpoint_step(run_dir)
     if request.resume is not None and done_before >= config.max_steps:
         raise CLIUsageError(
-            f"--resume {str(run_dir)!r}: the run already has {done_before} of max_steps ({config.max_steps}) "
-            f"steps; pass max_steps=N with N > {done_before} to continue it"
+            f"--resume {str(run_dir)!r}: the run's newest checkpoint is at step {done_before} of max_steps "
+            f"({config.max_steps}); pass max_steps=N with N > {done_before} to continue it"
         )
     started = time.perf_counter()
     interrupt = StepBoundaryInterrupt(lambda text: console.print(f"[yellow]{text}[/]"))

@@ -106,6 +106,15 @@ class GroupSizeError(DockError, ValueError):
     """A count or index set that is not made of whole prompt groups in group mode."""
 
 
+class DockStateError(DockError, ValueError):
+    """A saved dock file or a state_dict that cannot be loaded: corrupt, truncated, unverified, or
+    inconsistent with itself or with this dock. Nothing was loaded; the dock is as it was."""
+
+    def __init__(self, source: str, detail: str) -> None:
+        self.source = source
+        super().__init__(f"{source}: {detail}")
+
+
 class DockFullError(DockError, RuntimeError):
     """No free rows (or prompt groups) are left for new data."""
 

@@ -5,6 +5,8 @@ Kept apart from the put/get half (_dock.py); it works on the same state, declare
 
 from __future__ import annotations
 
+import io
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -13,6 +15,8 @@ import torch
 
 from entrepot.dock import _state
 from entrepot.dock._columns import ColumnSpec, ScalarColumn, SequenceColumn
+from entrepot.dock._errors import DockStateError
+from entrepot.dock._files import read_verified, write_verified
 from entrepot.dock._inputs import as_index_tensor
 from entrepot.dock._leases import LeaseTable
 
@@ -173,15 +177,33 @@ class DockLifecycle:
             return _state.capture(self)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a `state_dict()` taken from a dock built with the same capacity, columns and consumers."""
+        """Restore a `state_dict()` taken from a dock built with the same capacity, columns and consumers.
+
+        The whole state is checked first (`DockStateError` on anything wrong); a state that fails
+        leaves this dock exactly as it was.
+        """
+        self._install(_state.stage(self, state, "dock state_dict"))
+
+    def _install(self, staged: _state.Staged) -> None:
         with self._cond:
-            _state.restore(self, state)
+            _state.install(self, staged)
             self._cond.notify_all()
 
-    def save(self, path: str | Any) -> None:
-        """`state_dict()` to a file (torch.save)."""
-        torch.save(self.state_dict(), path)
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """`state_dict()` to a file, atomically; then ``<path>.manifest.json`` (size, sha256), last."""
+        state = self.state_dict()
+        write_verified(path, lambda file: torch.save(state, file))
 
-    def load(self, path: str | Any) -> None:
-        """`load_state_dict()` from a file written by `save` (loaded with weights_only=True)."""
-        self.load_state_dict(torch.load(path, weights_only=True))
+    def load(self, path: str | os.PathLike[str]) -> None:
+        """`load_state_dict()` from a file written by `save`, verified against its manifest first.
+
+        Raises `DockStateError` (naming the file) for a missing or mismatching manifest, a truncated or
+        corrupt file, or a state that does not fit this dock; the dock is then unchanged.
+        """
+        source = f"dock file {str(path)!r}"
+        data = read_verified(path, source)
+        try:
+            state = torch.load(io.BytesIO(data), weights_only=True)
+        except Exception as error:  # any failure to deserialise verified bytes: not a dock file
+            raise DockStateError(source, f"is not a dock state ({type(error).__name__}: {error})") from error
+        self._install(_state.stage(self, state, source))

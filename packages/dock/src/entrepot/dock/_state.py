@@ -1,33 +1,27 @@
-"""state_dict capture / restore for ExperienceDock (called with the dock lock held).
+"""state_dict capture / stage / install for ExperienceDock.
 
 The state is plain tensors, ints and strings, so `torch.load(weights_only=True)` reads it back.
 Sequence columns are saved compacted: the ready rows' tokens in row order plus lengths [R].
+A state is loaded in two halves so that a bad one changes nothing: `stage` checks all of it and builds
+new stores off to the side (no lock), `install` swaps them in under the lock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from entrepot.dock._columns import ScalarColumn, SequenceColumn
-from entrepot.dock._errors import DockConfigError
+from entrepot.dock._state_check import FORMAT, StateCheck
 
 if TYPE_CHECKING:
     from entrepot.dock._lifecycle import DockLifecycle
 
-_FORMAT = 1
-
-
-def _dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name.removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype):
-        raise DockConfigError(f"state names an unknown dtype {name!r}")
-    return dtype
-
 
 def capture(dock: DockLifecycle) -> dict[str, Any]:
+    """The dock's state as plain tensors and values (called with the dock lock held)."""
     columns: dict[str, Any] = {}
     for name, store in dock._stores.items():
         ready = dock._ready[dock._column_index[name]]
@@ -47,7 +41,7 @@ def capture(dock: DockLifecycle) -> dict[str, Any]:
             "lengths": lengths,
         }
     return {
-        "format": _FORMAT,
+        "format": FORMAT,
         "capacity": dock.capacity,
         "n_samples_per_prompt": dock.n_samples_per_prompt,
         "columns_order": list(dock.columns),
@@ -66,40 +60,75 @@ def capture(dock: DockLifecycle) -> dict[str, Any]:
     }
 
 
-def restore(dock: DockLifecycle, state: Mapping[str, Any]) -> None:
-    expected = {
-        "format": _FORMAT,
-        "capacity": dock.capacity,
-        "n_samples_per_prompt": dock.n_samples_per_prompt,
-        "columns_order": list(dock.columns),
-        "consumers": list(dock.consumers),
-    }
-    for key, value in expected.items():
-        if state.get(key) != value:
-            raise DockConfigError(f"state has {key}={state.get(key)!r} but this dock has {value!r}")
-    dock._init_state()
+@dataclass
+class Staged:
+    """A checked state built into fresh stores and tensors, ready to be swapped into the dock."""
+
+    stores: dict[str, SequenceColumn | ScalarColumn]
+    ready: torch.Tensor
+    consumed: torch.Tensor
+    live: torch.Tensor
+    age: torch.Tensor
+    completed: torch.Tensor
+    generators: list[torch.Generator]
+    counts: dict[str, int]
+    rows_got: list[int]
+    wait_s: list[float]
+    bytes_got: list[int]
+
+
+def stage(dock: DockLifecycle, state: Any, source: str) -> Staged:
+    """Check `state` in full against `dock` and build it off to the side (the dock is not touched).
+
+    Needs no lock: it reads only the dock's fixed shape (capacity, columns, consumers, specs).
+    """
+    check = StateCheck(dock, source)
+    check.check(state)
+    stores: dict[str, SequenceColumn | ScalarColumn] = {}
     for name, saved in state["columns"].items():
-        dtype = _dtype(saved["dtype"])
+        dtype = check.dtype(f"columns[{name!r}]", saved["dtype"])
         if saved["scalar"]:
             scalar = ScalarColumn(dock.capacity, dtype)
             scalar.values.copy_(saved["values"])
-            dock._stores[name] = scalar
+            stores[name] = scalar
             continue
         column = SequenceColumn(dock.capacity, dtype)
         ready = state["ready"][dock._column_index[name]]
         rows = ready.nonzero().squeeze(1)
         column.write(rows, saved["flat"], saved["lengths"][rows], torch.zeros_like(ready))
-        dock._stores[name] = column
-    dock._ready.copy_(state["ready"])
-    dock._consumed.copy_(state["consumed"])
-    dock._live.copy_(state["live"])
-    dock._age.copy_(state["age"])
-    dock._completed.copy_(state["completed"])
-    for generator, saved_state in zip(dock._generators, state["generators"], strict=True):
-        generator.set_state(saved_state)
-    dock._counts.update(state["counts"])
-    dock._rows_got = list(state["rows_got"])
-    # states saved by dock 0.1.0 lack it
-    dock._bytes_got = list(state.get("bytes_got", [0] * len(dock.consumers)))
-    dock._wait_s = list(state["wait_s"])
+        stores[name] = column
+    generators = []
+    for k, saved_state in enumerate(state["generators"]):
+        generator = torch.Generator()
+        try:
+            generator.set_state(saved_state)
+        except RuntimeError as error:
+            check.fail(f"generators[{k}] is not a valid sampler state: {error}")
+        generators.append(generator)
+    return Staged(
+        stores=stores,
+        **{key: state[key].clone() for key in ("ready", "consumed", "live", "age", "completed")},
+        generators=generators,
+        counts=dict(state["counts"]),
+        rows_got=list(state["rows_got"]),
+        wait_s=[float(s) for s in state["wait_s"]],
+        bytes_got=list(state.get("bytes_got", [0] * len(dock.consumers))),
+    )
+
+
+def install(dock: DockLifecycle, staged: Staged) -> None:
+    """Swap a staged state in (called with the dock lock held; nothing here can fail half-way).
+
+    Starts from `_init_state` so that any state not saved (added later) is fresh, as after `reset`;
+    the count of readers copying out of old segments survives (they still finish their copies).
+    """
+    readers = dock._readers
+    dock._init_state()
+    dock._readers = readers
+    dock._stores.update(staged.stores)
+    dock._ready, dock._consumed, dock._live = staged.ready, staged.consumed, staged.live
+    dock._age, dock._completed = staged.age, staged.completed
+    dock._generators = staged.generators
+    dock._counts.update(staged.counts)
+    dock._rows_got, dock._wait_s, dock._bytes_got = staged.rows_got, staged.wait_s, staged.bytes_got
     dock._recount()

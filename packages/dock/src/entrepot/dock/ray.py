@@ -31,7 +31,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
 
 from entrepot.dock._batch import LAYOUTS, Batch, Layout, build_batch
 from entrepot.dock._dock import ExperienceDock
-from entrepot.dock._errors import InvalidArgumentError
+from entrepot.dock._errors import DockStateError, InvalidArgumentError
 from entrepot.dock._inputs import normalize_put
 from entrepot.dock._leases import Lease
 from entrepot.dock._wire import WireLayout, as_uint8, decode, encode_taken, plan, views
@@ -271,5 +271,14 @@ class RayDockClient:
         self._call("save", path)
 
     def load(self, path: str) -> None:
-        """Load the actor's dock from `path`, on the actor's node, inside its `files_root`."""
-        self._call("load", path)
+        """Load the actor's dock from `path`, on the actor's node, inside its `files_root`.
+
+        A file that fails its checks raises the actor's `DockStateError` itself, message and all
+        (Ray's wrapper would put the actor's traceback in front of the one line that matters).
+        """
+        try:
+            self._call("load", path)
+        except ray.exceptions.RayTaskError as error:
+            if isinstance(error.cause, DockStateError):
+                raise error.cause from None
+            raise

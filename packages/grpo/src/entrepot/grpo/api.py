@@ -99,16 +99,17 @@ def evaluate(path: str | Path, num_prompts: int | None = None) -> dict[str, floa
     if (target / "checkpoints").is_dir():
         found = ckpt.latest_checkpoint(target)
         if found is None:
-            raise CheckpointError(f"run directory {str(target)!r} has no checkpoints")
+            raise CheckpointError(f"run directory {str(target)!r} has no complete checkpoint")
         target = found
     if not (target / "state.json").is_file():
         raise CheckpointError(f"{str(path)!r} is neither a run directory nor a checkpoint directory")
+    manifest = ckpt.verify_checkpoint(target)  # every file, the megatron hf/ export included
     meta = json.loads((target / "state.json").read_text())
     saved = meta["config"]
     if saved.get("engine", {}).get("train") == "megatron":  # evaluate its HF export in this process
         return _evaluate_hf_export(target, saved, num_prompts, float(meta["step"]))
     config = config_from_dict({**saved, "resources": {**saved["resources"], "num_actor_workers": 1}})
-    state, _ = ckpt.read_checkpoint(target, 0)
+    state, _ = ckpt.read_checkpoint(target, 0, verified=manifest)
     worker = ActorWorker(config)
     worker.load_state([state])
     result = worker.evaluate(num_prompts)

@@ -6,26 +6,45 @@ A checkpoint directory ``checkpoints/step_000050/`` holds:
   engine, its TP / PP shard under global training names for megatron; tied weights once);
 - ``optimizer.safetensors``: AdamW moments and step counts, keyed ``<param index>.<key>``;
 - ``rng.safetensors``: the torch global RNG, the sampler's generator state and, on a GPU, the device RNG;
-- ``dock.pt``: the dock's state_dict (plain tensors, read back with ``weights_only=True``);
-- ``state.json``: step, data position, scheduler state, optimizer param groups (per shard), the config.
+- ``dock.pt`` (+ its own ``dock.pt.manifest.json``): the dock's state_dict (plain tensors, read back
+  with ``weights_only=True``);
+- ``state.json``: step, data position, scheduler state, optimizer param groups (per shard), the config;
+- ``hf/`` (megatron only): the whole model as an HF directory;
+- ``manifest.json``, written last: every other file's path, size and sha256.
+
+A checkpoint is written into ``step_000050.tmp/``, manifest last, fsynced, then renamed; one without
+a manifest (a save that was stopped) is never resumed from, and every file is checked against the
+manifest before anything is loaded (`verify_checkpoint`).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from entrepot.grpo._manifest import MANIFEST, Manifest, fsync_directory, verify_manifest, write_manifest
 from entrepot.grpo.errors import CheckpointError
 
 if TYPE_CHECKING:
     from entrepot.grpo.policy import Policy
 
-__all__ = ["capture_state", "latest_checkpoint", "read_checkpoint", "restore_state", "write_checkpoint"]
+__all__ = [
+    "Manifest",
+    "capture_state",
+    "checkpoint_step",
+    "incomplete_checkpoints",
+    "latest_checkpoint",
+    "nothing_to_resume",
+    "read_checkpoint",
+    "restore_state",
+    "verify_checkpoint",
+    "write_checkpoint",
+]
 
 _FILES = ("model", "reference", "optimizer", "rng")
 
@@ -100,13 +119,15 @@ def write_checkpoint(
     directory: Path,
     rank_states: list[dict[str, Any]],
     meta: Mapping[str, Any],
-    dock: Any = None,
+    writers: Sequence[Callable[[Path], object]] = (),
     shards: list[int] | None = None,
 ) -> Path:
-    """Write one checkpoint atomically via a temp dir: model/optimizer once per model shard, every RNG.
+    """Write one checkpoint atomically: every file into a temp dir, then the manifest, then a rename.
 
     Args:
         rank_states: `capture_state()` of every rank.
+        writers: each writes more files into the temp directory it is given (the dock's state, an
+            HF export); they run before the manifest, so it covers their files too.
         shards: each rank's model-parallel shard index (TP x PP position); ranks of one shard are
             data-parallel replicas, so the first of them is written. Default: one shard.
     """
@@ -126,32 +147,45 @@ def write_checkpoint(
             save_file(state[name], str(tmp / _shard_file(name, shard, num_shards)))
     rng = {f"rank{r}.{k}": v for r, s in enumerate(rank_states) for k, v in s["rng"].items()}
     save_file(rng, str(tmp / "rng.safetensors"))
-    if dock is not None:
-        dock(tmp / "dock.pt")
+    for write in writers:
+        write(tmp)
     # optimizer param groups differ between pipeline stages (each its own parameters): kept per shard
     groups: dict[str, Any] = {}
     for state, shard in zip(rank_states, shards, strict=True):
         groups.setdefault(str(shard), state["json"]["param_groups"])
     state_json = {**meta, **rank_states[0]["json"], "shard_param_groups": groups, "num_shards": num_shards}
     (tmp / "state.json").write_text(json.dumps(state_json, indent=1))
+    write_manifest(tmp)  # last: a directory with a manifest is whole on disk
     shutil.rmtree(directory, ignore_errors=True)
     tmp.rename(directory)
+    fsync_directory(directory.parent)
     return directory
 
 
-def read_checkpoint(directory: Path, rank: int, shard: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(state for `restore_state` of `rank`, whose model shard is `shard`; meta dict) from a checkpoint."""
+def verify_checkpoint(directory: Path) -> Manifest:
+    """Check every file of a checkpoint against its manifest (size and sha256) before anything is read.
+
+    Raises CheckpointError naming the checkpoint and the file: no manifest (an incomplete checkpoint,
+    or one written before manifests), a listed file missing, truncated or corrupt.
+    """
+    return verify_manifest(directory)
+
+
+def read_checkpoint(
+    directory: Path, rank: int, shard: int = 0, *, verified: Manifest | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(state for `restore_state` of `rank`, whose model shard is `shard`; meta dict) from a checkpoint.
+
+    The checkpoint is verified first (`verify_checkpoint`) unless `verified` is its result already
+    (a caller reading several ranks verifies once).
+    """
     from safetensors.torch import load_file
 
-    if not (directory / "state.json").is_file():
-        raise CheckpointError(f"checkpoint {str(directory)!r} is incomplete: missing ['state.json']")
-    meta = json.loads((directory / "state.json").read_text())
+    manifest = verified if verified is not None else verify_checkpoint(directory)
+    meta = json.loads((directory / _listed(manifest, "state.json")).read_text())
     num_shards = int(meta.get("num_shards", 1))
-    files = {name: _shard_file(name, shard, num_shards) for name in _FILES[:3]}
-    missing = [f for f in [*files.values(), "rng.safetensors"] if not (directory / f).is_file()]
-    if missing:
-        raise CheckpointError(f"checkpoint {str(directory)!r} is incomplete: missing {missing}")
-    rng_all = load_file(str(directory / "rng.safetensors"))
+    files = {name: _listed(manifest, _shard_file(name, shard, num_shards)) for name in _FILES[:3]}
+    rng_all = load_file(str(directory / _listed(manifest, "rng.safetensors")))
     prefix = f"rank{rank}."
     rng = {k[len(prefix) :]: v for k, v in rng_all.items() if k.startswith(prefix)}
     if not rng:
@@ -165,13 +199,59 @@ def read_checkpoint(directory: Path, rank: int, shard: int = 0) -> tuple[dict[st
     return state, meta
 
 
+def _listed(manifest: Manifest, name: str) -> str:
+    """`name` if the manifest lists it (so it was verified), else a CheckpointError."""
+    if name not in manifest.files:
+        raise CheckpointError(
+            f"checkpoint {str(manifest.directory)!r} is incomplete: {name} is not in its {MANIFEST}"
+        )
+    return name
+
+
+def _complete(directory: Path) -> bool:
+    return directory.is_dir() and not directory.name.endswith(".tmp") and (directory / MANIFEST).is_file()
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete ``checkpoints/step_*`` directory of a run, or None."""
+    """The newest ``checkpoints/step_*`` directory of a run that has a manifest (a save that was
+    stopped half-way has none and is skipped), or None."""
     root = run_dir / "checkpoints"
     if not root.is_dir():
         return None
-    steps = sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
+    steps = sorted(p for p in root.glob("step_*") if _complete(p))
     return steps[-1] if steps else None
+
+
+def incomplete_checkpoints(run_dir: Path) -> list[Path]:
+    """A run's ``checkpoints/step_*`` directories without a manifest (``.tmp`` ones included): saves
+    that were stopped before the end, or checkpoints written before manifests."""
+    root = run_dir / "checkpoints"
+    return sorted(p for p in root.glob("step_*") if p.is_dir() and not _complete(p)) if root.is_dir() else []
+
+
+def nothing_to_resume(run_dir: Path) -> str:
+    """Why a run directory has no checkpoint to resume from (none at all, or none complete)."""
+    partial = [p.name for p in incomplete_checkpoints(run_dir)]
+    if not partial:
+        return f"nothing to resume: {str(run_dir)!r} has no checkpoints/step_* directory"
+    return (
+        f"nothing to resume: {str(run_dir)!r} has no complete checkpoint; {partial} lack {MANIFEST} "
+        "(saves that were stopped, or written by entrepot-grpo < 0.3, which wrote none)"
+    )
+
+
+def checkpoint_step(run_dir: Path) -> int:
+    """The step of a run's newest complete checkpoint (0 if it has none): what a resume continues from.
+
+    Reads that checkpoint's state.json after checking its hash, and the sizes of its other files
+    (not their hashes: the resume that follows hashes every file, and hashing them twice would double
+    the start-up cost of a large checkpoint for a number that only state.json holds).
+    """
+    directory = latest_checkpoint(run_dir)
+    if directory is None:
+        return 0
+    manifest = verify_manifest(directory, hash_only={"state.json"})
+    return int(json.loads((directory / _listed(manifest, "state.json")).read_text())["step"])
 
 
 def prune(run_dir: Path, keep_last: int) -> None:

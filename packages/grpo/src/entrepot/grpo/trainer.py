@@ -26,9 +26,11 @@ from typing import Any
 
 import torch
 
+from entrepot.dock import DockStateError
 from entrepot.grpo import checkpoint as ckpt
 from entrepot.grpo.config import GRPOConfig, config_to_dict
 from entrepot.grpo.data import build_task, encode_prompt
+from entrepot.grpo.errors import CheckpointError
 from entrepot.grpo.losses import group_advantages, keep_varied_groups, sequence_kl
 from entrepot.grpo.metrics import MetricsWriter, dock_step_metrics, merge_rank_metrics
 from entrepot.grpo.threads import configure_threads
@@ -96,7 +98,7 @@ class Trainer:
             ready = time.perf_counter()
             if resume:
                 say("restoring the newest checkpoint")
-                self._resume()
+                self._resume(say)
         except BaseException:
             self.close()  # a worker that failed to start (or a bad checkpoint) leaves no workers behind
             raise
@@ -403,33 +405,38 @@ class Trainer:
     # -- checkpoints ----------------------------------------------------------------------------
 
     def save(self) -> Path:
-        """Write a checkpoint of the current step and prune old ones."""
+        """Write a checkpoint of the current step (the dock and a megatron HF export inside it) and prune."""
         states = self._wait([self.actors.call(ActorWorker.state)])[0]
         directory = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
         meta = {"step": self.step, "data_position": self.data_position, "config": config_to_dict(self.config)}
-        ckpt.write_checkpoint(directory, states, meta, dock=lambda path: self.dock.save(str(path.resolve())),
-                              shards=[_shard(rank) for rank in self.actors.ranks])  # fmt: skip
+        writers = [lambda tmp: self.dock.save(str((tmp / "dock.pt").resolve()))]  # a Ray dock: absolute
         if self.config.engine.train == "megatron":  # sharded weights: also an HF directory, whole
-            self._wait([self.actors.call(ActorWorker.export_hf, str(directory / "hf"))])
+            writers.append(lambda tmp: self._wait([self.actors.call(ActorWorker.export_hf, str(tmp / "hf"))]))
+        ckpt.write_checkpoint(directory, states, meta, writers,
+                              shards=[_shard(rank) for rank in self.actors.ranks])  # fmt: skip
         ckpt.prune(self.run_dir, self.config.checkpoint.keep_last)
         return directory
 
-    def _resume(self) -> None:
-        from entrepot.grpo.errors import CheckpointError
-
+    def _resume(self, say: Callable[[str], None]) -> None:
+        """Restore the newest complete checkpoint, every file verified against its manifest first."""
         directory = ckpt.latest_checkpoint(self.run_dir)
         if directory is None:
-            raise CheckpointError(
-                f"nothing to resume: {str(self.run_dir)!r} has no checkpoints/step_* directory"
-            )
+            raise CheckpointError(ckpt.nothing_to_resume(self.run_dir))
+        newer = [p.name for p in ckpt.incomplete_checkpoints(self.run_dir) if p.name > directory.name]
+        if newer:
+            say(f"skipping {', '.join(newer)} (no manifest.json: a save that was stopped)")
+        manifest = ckpt.verify_checkpoint(directory)
         states = []
         meta: dict[str, Any] = {}
         for rank in self.actors.ranks:
-            state, meta = ckpt.read_checkpoint(directory, rank.rank, _shard(rank))
+            state, meta = ckpt.read_checkpoint(directory, rank.rank, _shard(rank), verified=manifest)
             states.append(state)
         self._wait([self.actors.call(ActorWorker.load_state, states)])
-        if (directory / "dock.pt").is_file():
-            self.dock.load(str((directory / "dock.pt").resolve()))  # a Ray dock resolves from its run dir
+        if "dock.pt" in manifest.files:
+            try:
+                self.dock.load(str((directory / "dock.pt").resolve()))  # a Ray dock resolves from its run dir
+            except DockStateError as error:
+                raise CheckpointError(f"checkpoint {str(directory)!r}: dock.pt: {error}") from error
         self.step = int(meta["step"])
         self.data_position = int(meta["data_position"])
         self.metrics.truncate(self.step)  # steps after the checkpoint run again
