@@ -125,24 +125,7 @@ def test_plan_assembles_exactly_the_inference_shard_of_every_rank(
 def test_plan_for_mla_and_shared_experts_then_conversion_per_rank() -> None:
     """DeepSeek-V3: replicated MLA down projections, TP-split up projections, routed + shared experts."""
     world, train, infer = 4, ParallelLayout(tp=2, pp=2), ParallelLayout(tp=2, ep=2, expert_tp=1)
-    _, adaptor, full = _full_train(
-        "DeepseekV3ForCausalLM",
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        n_routed_experts=4,
-        n_shared_experts=1,
-        num_experts_per_tok=2,
-        moe_intermediate_size=16,
-        first_k_dense_replace=1,
-        q_lora_rank=12,
-        kv_lora_rank=8,
-        qk_nope_head_dim=4,
-        qk_rope_head_dim=2,
-        v_head_dim=4,
-        n_group=1,
-        topk_group=1,
-        tie_word_embeddings=False,
-    )
+    _, adaptor, full = _full_train("DeepseekV3ForCausalLM", **DEEPSEEK)
     locals_ = [_local(adaptor, full, train, r, world) for r in range(world)]
     metas = [{n: (tuple(t.shape), t.dtype) for n, t in local.items()} for local in locals_]
     plan = build_plan(adaptor, metas, train, infer, bucket_bytes=4096)
