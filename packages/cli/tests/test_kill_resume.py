@@ -119,3 +119,33 @@ def test_a_second_ctrl_c_mid_step_leaves_a_run_that_resumes(tmp_path: Path) -> N
     records = _records(run_dir)
     assert [step for step, _ in records] == list(range(1, target + 1))
     assert [drawn for _, drawn in records] == [32 * step for step, _ in records]  # no prompt skipped
+
+
+def test_a_mid_step_ctrl_c_before_the_first_checkpoint_says_there_is_nothing_to_resume(
+    tmp_path: Path,
+) -> None:
+    """Two Ctrl-C 20 ms apart land in one step unless a step ends between them (then it is saved)."""
+    slower = ["rollout.prompts_per_step=32", "rollout.n_samples_per_prompt=8", "checkpoint.save_every=100"]
+    outcomes = []
+    for attempt in range(3):
+        out = tmp_path / f"runs{attempt}"
+        process = _start(["-o", str(out), "--max-steps", "200", *FAST, *slower])
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any(p.stat().st_size for p in out.glob("*/metrics.jsonl")):
+            time.sleep(0.05)
+        time.sleep(0.1)
+        for _ in range(2):
+            os.kill(process.pid, signal.SIGINT)
+            time.sleep(0.02)  # signals sent closer together are merged into one by the kernel
+        output, _ = process.communicate(timeout=120)
+        assert process.returncode == 130, output
+        saved = bool(list(out.glob("*/checkpoints/step_*")))
+        said = " ".join(output.split())
+        assert ("resume with: rl grpo train --resume" in said) == saved, output
+        assert ("interrupted before the first checkpoint: there is nothing to resume" in said) != saved, (
+            output
+        )
+        outcomes.append(saved)
+        if not saved:
+            break
+    assert outcomes[-1] is False, "every attempt's Ctrl-C pair straddled a step boundary"

@@ -110,6 +110,9 @@ def run_training(request: TrainRequest) -> int:
     records = m.read_metrics(metrics_path)
     plot = write_plot(records, run_dir, config.name)
     print_summary(console, result, records, run_dir, plot, time.perf_counter() - started)
+    if result.interrupted and result.checkpoint is None:  # stopped mid-step before the first save
+        console.print("[yellow]interrupted before the first checkpoint[/]: there is nothing to resume")
+        return INTERRUPTED_EXIT_CODE
     if result.interrupted:
         console.print(f"[yellow]interrupted[/]: resume with: rl grpo train --resume {escape(str(run_dir))}")
         return INTERRUPTED_EXIT_CODE
