@@ -117,9 +117,7 @@ class LeaseTable:
             raise LeaseError(lease.id, lease.consumer, reason)
         if rows is None:
             return held.rows
-        holds = torch.zeros(self.leased.shape[1], dtype=torch.bool)
-        holds[held.rows] = True
-        missing = (~holds[rows]).nonzero()
+        missing = (~torch.isin(rows, held.rows)).nonzero()
         if missing.numel():
             row = int(rows[missing[0, 0]])
             reason = f"it does not hold row {row} (never leased to it, or acked or returned already)"
@@ -133,11 +131,7 @@ class LeaseTable:
         self.num_leased[held.k] -= rows.numel()
         if returned:
             self.rows_returned[held.k] += rows.numel()
-        keep = torch.ones(held.rows.numel(), dtype=torch.bool)
-        mask = torch.zeros(self.leased.shape[1], dtype=torch.bool)
-        mask[rows] = True
-        keep &= ~mask[held.rows]
-        held.rows = held.rows[keep]
+        held.rows = held.rows[~torch.isin(held.rows, rows)]
         if not held.rows.numel():
             del self._held[lease.id]
             if lease.key is not None and returned:  # a retry with the key takes rows anew
