@@ -403,8 +403,7 @@ class ExperienceDock(DockLifecycle):
         k = self._consumer_index[consumer]
         with self._cond:
             if taken.lease is not None:
-                held = self._leases.held_rows(taken.lease, taken.rows)
-                self._leases.settle(taken.lease, held, returned=True)
+                self.release(taken.lease)  # 0 rows if another get expired it meanwhile: nothing to undo
             else:
                 self._consumed[k, taken.rows] = False
                 self._num_consumed[k] -= taken.rows.numel()
