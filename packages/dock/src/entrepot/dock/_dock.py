@@ -8,6 +8,7 @@ State (capacity R rows, C columns, K consumers):
     live       bool [R]     row holds data in at least one column
     age        int32 [R]    clears a row survived unfinished (partial rollout)
     completed  bool [R]     False while the row's response is unfinished (partial rollout)
+    born       int64 [R]    policy version the row's response began under; -1 before (see _partial)
 
 One lock guards all of it; waiting getters sleep on a condition variable that every put, ack,
 release and clear notifies (and wake by themselves when a lease they wait on expires). A get
@@ -45,6 +46,7 @@ from entrepot.dock._errors import (
 from entrepot.dock._inputs import ColumnData, as_index_tensor, normalize_put
 from entrepot.dock._leases import ACKED, Lease, LeaseTable
 from entrepot.dock._lifecycle import DockLifecycle
+from entrepot.dock._partial import finished_groups
 from entrepot.dock._sampling import balanced_order
 from entrepot.dock._select import advance_watermark, expand_units, scan
 from entrepot.dock._taken import Taken
@@ -68,6 +70,8 @@ class ExperienceDock(DockLifecycle):
             back to it after `clear()` (partial rollout). None disables partial rollout.
         max_age: with partial rollout, a row that survived `max_age - 1` clears unfinished is marked
             completed on its next put (the rollout must finish or truncate it).
+        max_staleness: with partial rollout, the most policy versions a group's oldest row may lag
+            behind `set_policy_version`'s; older groups are dropped when the version advances. None: no limit.
         group_gets: default of `get(groups=...)`.
     """
 
@@ -82,6 +86,7 @@ class ExperienceDock(DockLifecycle):
         seed: int = 0,
         rollout_consumer: str | None = None,
         max_age: int | None = None,
+        max_staleness: int | None = None,
         group_gets: bool = False,
     ) -> None:
         if n_samples_per_prompt < 1:
@@ -105,6 +110,10 @@ class ExperienceDock(DockLifecycle):
             )
         if max_age is not None and (max_age < 1 or rollout_consumer is None):
             raise DockConfigError(f"max_age ({max_age}) must be >= 1 and needs a rollout_consumer")
+        if max_staleness is not None and (max_staleness < 0 or rollout_consumer is None):
+            raise DockConfigError(
+                f"max_staleness ({max_staleness}) must be >= 0 and needs a rollout_consumer"
+            )
         self.capacity = capacity
         self.n_samples_per_prompt = n_samples_per_prompt
         self.columns = list(specs)
@@ -112,6 +121,7 @@ class ExperienceDock(DockLifecycle):
         self.seed = seed
         self.rollout_consumer = rollout_consumer
         self.max_age = max_age
+        self.max_staleness = max_staleness
         self.group_gets = group_gets
         self._specs = specs
         self._column_index = {name: i for i, name in enumerate(self.columns)}
@@ -130,6 +140,10 @@ class ExperienceDock(DockLifecycle):
         self._live = torch.zeros(capacity, dtype=torch.bool)
         self._age = torch.zeros(capacity, dtype=torch.int32)
         self._completed = torch.ones(capacity, dtype=torch.bool)
+        self._born = torch.full((capacity,), -1, dtype=torch.int64)
+        self.policy_version = 0
+        self._rows_stale = 0
+        self._num_unfinished = 0  # live rows with completed=False: while 0, gets need no group masks
         self._num_live = 0
         self._num_consumed = [0] * num_consumers
         self._watermark = [0] * num_consumers
@@ -221,6 +235,9 @@ class ExperienceDock(DockLifecycle):
         if self.max_age is not None:
             done = done | (self._age[rows] >= self.max_age - 1)  # too old to wait another round
         self._completed[rows] = done
+        fresh = rows[self._born[rows] < 0]
+        self._born[fresh] = self.policy_version  # the version this row's response began under
+        self._num_unfinished = int((self._live & ~self._completed).sum())
 
     def _scalar_kind(self, name: str) -> bool | None:
         store = self._stores.get(name)
@@ -366,7 +383,7 @@ class ExperienceDock(DockLifecycle):
                 if rows is not None:
                     picked = self._pick_explicit(k, col_ids, rows)
                 else:
-                    if self._num_live == self._num_consumed[k]:
+                    if self._consumer_done(k):
                         return None
                     picked = self._pick(k, col_ids, count, wanted, group_size, sampler)
                 if picked is not None:
@@ -481,8 +498,35 @@ class ExperienceDock(DockLifecycle):
             )
         return wanted
 
+    def _downstream(self, k: int) -> bool:
+        """Whether consumer `k` may get only finished groups now (unfinished rows exist; see _partial)."""
+        return self._num_unfinished > 0 and self.consumers[k] != self.rollout_consumer
+
+    def _rollout_idle(self) -> bool:
+        """The rollout has taken every row and holds none under a lease: no response is in flight."""
+        assert self.rollout_consumer is not None  # only asked while rows are unfinished
+        r = self._consumer_index[self.rollout_consumer]
+        return self._num_consumed[r] == self._num_live and not self._leases.num_leased[r]
+
+    def _consumer_done(self, k: int) -> bool:
+        """`k` has every row it will get this iteration (with partial rollout: every finished group's)."""
+        if not self._downstream(k):
+            return self._num_live == self._num_consumed[k]
+        deliverable = finished_groups(self._live, self._completed, self.n_samples_per_prompt)
+        return self._rollout_idle() and not bool((deliverable & ~self._consumed[k]).any())
+
+    def _rows_left(self, k: int) -> int:
+        """Rows `k` may still get this iteration (an upper bound while the rollout is still generating)."""
+        left = self._num_live - self._num_consumed[k] - self._leases.num_leased[k]
+        if self._downstream(k) and self._rollout_idle():
+            deliverable = finished_groups(self._live, self._completed, self.n_samples_per_prompt)
+            left = int((deliverable & ~self._consumed[k] & ~self._leases.leased[k]).sum())
+        return left
+
     def _available_fn(self, k: int, col_ids: list[int]) -> Any:
-        downstream = self.rollout_consumer is not None and self.consumers[k] != self.rollout_consumer
+        finished = None
+        if self._downstream(k):  # unfinished partial responses (and their groups) are for the rollout only
+            finished = finished_groups(self._live, self._completed, self.n_samples_per_prompt)
         leased = self._leases.leased[k] if self._leases.num_leased[k] else None
 
         def available(lo: int, hi: int) -> torch.Tensor:
@@ -491,8 +535,8 @@ class ExperienceDock(DockLifecycle):
                 mask &= ~leased[lo:hi]
             for c in col_ids[1:]:
                 mask &= self._ready[c, lo:hi]
-            if downstream:  # unfinished partial responses are for the rollout only
-                mask &= self._completed[lo:hi]
+            if finished is not None:
+                mask &= finished[lo:hi]
             return mask
 
         return available
@@ -500,7 +544,7 @@ class ExperienceDock(DockLifecycle):
     def _pick(
         self, k: int, col_ids: list[int], count: int, wanted: int, group_size: int, sampler: str
     ) -> torch.Tensor | None:
-        remaining = self._num_live - self._num_consumed[k] - self._leases.num_leased[k]
+        remaining = self._rows_left(k)
         if remaining <= 0:
             return None  # every row left is leased: wait for an ack (the end) or a return
         need_units = math.ceil(min(wanted, remaining) / group_size)

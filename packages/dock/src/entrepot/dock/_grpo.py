@@ -57,6 +57,7 @@ class GRPODock(ExperienceDock):
         extra_consumers: user stages.
         seed: seeds the random samplers.
         max_age: partial rollout: clears an unfinished group may survive (+1); None = no limit.
+        max_staleness: partial rollout: policy versions a group may lag (see `set_policy_version`).
     """
 
     def __init__(
@@ -68,6 +69,7 @@ class GRPODock(ExperienceDock):
         extra_consumers: Sequence[str] = (),
         seed: int = 0,
         max_age: int | None = None,
+        max_staleness: int | None = None,
     ) -> None:
         extra = (
             dict(extra_columns)
@@ -85,6 +87,7 @@ class GRPODock(ExperienceDock):
             seed=seed,
             rollout_consumer="actor_rollout",
             max_age=max_age,
+            max_staleness=max_staleness,
             group_gets=True,
         )
 

@@ -15,10 +15,11 @@ import torch
 
 from entrepot.dock import _state
 from entrepot.dock._columns import ColumnSpec, ScalarColumn, SequenceColumn
-from entrepot.dock._errors import DockStateError
+from entrepot.dock._errors import DockStateError, InvalidArgumentError
 from entrepot.dock._files import read_verified, write_verified
 from entrepot.dock._inputs import as_index_tensor
 from entrepot.dock._leases import LeaseTable
+from entrepot.dock._partial import finished_groups, stale_groups
 
 
 class DockLifecycle:
@@ -29,6 +30,8 @@ class DockLifecycle:
     columns: list[str]
     consumers: list[str]
     rollout_consumer: str | None
+    max_staleness: int | None
+    policy_version: int
     _specs: dict[str, ColumnSpec]
     _column_index: dict[str, int]
     _consumer_index: dict[str, int]
@@ -39,6 +42,9 @@ class DockLifecycle:
     _live: torch.Tensor
     _age: torch.Tensor
     _completed: torch.Tensor
+    _born: torch.Tensor
+    _rows_stale: int
+    _num_unfinished: int
     _num_live: int
     _num_consumed: list[int]
     _watermark: list[int]
@@ -92,6 +98,39 @@ class DockLifecycle:
             self._recount()
             self._cond.notify_all()
 
+    def set_policy_version(self, version: int) -> int:
+        """The policy generates as `version` from now on (rows first put from now on are born under it).
+
+        With `max_staleness`, groups holding a row born more than `max_staleness` versions before
+        `version` are dropped (their leases end); returns how many rows were dropped.
+        """
+        if isinstance(version, bool) or not isinstance(version, int) or version < self.policy_version:
+            raise InvalidArgumentError(
+                f"policy version must be an int >= the current one ({self.policy_version}), got {version!r}"
+            )
+        with self._cond:
+            self.policy_version = version
+            if self.max_staleness is None:
+                return 0
+            n = self.n_samples_per_prompt
+            stale = stale_groups(self._live, self._born, version, self.max_staleness, n)
+            dropped = int(stale.sum())
+            if dropped:
+                self._drop(stale)
+                self._recount()
+                self._rows_stale += dropped
+                self._cond.notify_all()
+            return dropped
+
+    def finished_rows(self) -> torch.Tensor:
+        """int64 rows of finished groups (none of their rows unfinished), ascending: what downstream
+        consumers get this iteration once the rollout is done."""
+        with self._cond:
+            if self.rollout_consumer is None:
+                return self._live.nonzero().squeeze(1)
+            finished = finished_groups(self._live, self._completed, self.n_samples_per_prompt)
+            return finished.nonzero().squeeze(1)
+
     def _unfinished_groups(self) -> torch.Tensor | None:
         """bool [R] rows of groups that hold an unfinished row, or None if there are none."""
         if self.rollout_consumer is None:
@@ -111,6 +150,7 @@ class DockLifecycle:
         self._live.zero_()
         self._age.zero_()
         self._completed.fill_(True)
+        self._born.fill_(-1)
 
     def _drop(self, drop: torch.Tensor) -> None:
         self._leases.forget(drop)
@@ -123,6 +163,7 @@ class DockLifecycle:
         self._live[rows] = False
         self._age[rows] = 0
         self._completed[rows] = True
+        self._born[rows] = -1
 
     def _age_kept(self, keep: torch.Tensor) -> None:
         self._leases.forget(keep)
@@ -136,6 +177,7 @@ class DockLifecycle:
     def _recount(self) -> None:
         self._num_live = int(self._live.sum())
         self._num_consumed = [int(n) for n in self._consumed.sum(1).tolist()]
+        self._num_unfinished = int((self._live & ~self._completed).sum())
         self._watermark = [0] * len(self.consumers)
 
     def reset(self) -> None:
@@ -160,6 +202,8 @@ class DockLifecycle:
             out["dock/bytes_stored"] = float(stored)
             out["dock/bytes_allocated"] = float(allocated)
             out["dock/rows_live"] = float(self._num_live)
+            out["dock/rows_stale"] = float(self._rows_stale)
+            out["dock/policy_version"] = float(self.policy_version)
             for name, ready in zip(self.columns, self._ready.sum(1).tolist(), strict=True):
                 out[f"dock/rows_ready/{name}"] = float(ready)
             for k, name in enumerate(self.consumers):

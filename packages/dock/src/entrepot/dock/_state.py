@@ -52,6 +52,8 @@ def capture(dock: DockLifecycle) -> dict[str, Any]:
         "live": dock._live.clone(),
         "age": dock._age.clone(),
         "completed": dock._completed.clone(),
+        "born": dock._born.clone(),
+        "policy_version": dock.policy_version,
         "generators": [g.get_state() for g in dock._generators],
         "counts": dict(dock._counts),
         "rows_got": list(dock._rows_got),
@@ -70,6 +72,8 @@ class Staged:
     live: torch.Tensor
     age: torch.Tensor
     completed: torch.Tensor
+    born: torch.Tensor
+    policy_version: int
     generators: list[torch.Generator]
     counts: dict[str, int]
     rows_got: list[int]
@@ -108,6 +112,8 @@ def stage(dock: DockLifecycle, state: Any, source: str) -> Staged:
     return Staged(
         stores=stores,
         **{key: state[key].clone() for key in ("ready", "consumed", "live", "age", "completed")},
+        born=state["born"].clone() if "born" in state else torch.full((dock.capacity,), -1).long(),
+        policy_version=int(state.get("policy_version", 0)),
         generators=generators,
         counts=dict(state["counts"]),
         rows_got=list(state["rows_got"]),
@@ -127,7 +133,8 @@ def install(dock: DockLifecycle, staged: Staged) -> None:
     dock._readers = readers
     dock._stores.update(staged.stores)
     dock._ready, dock._consumed, dock._live = staged.ready, staged.consumed, staged.live
-    dock._age, dock._completed = staged.age, staged.completed
+    dock._age, dock._completed, dock._born = staged.age, staged.completed, staged.born
+    dock.policy_version = staged.policy_version
     dock._generators = staged.generators
     dock._counts.update(staged.counts)
     dock._rows_got, dock._wait_s, dock._bytes_got = staged.rows_got, staged.wait_s, staged.bytes_got

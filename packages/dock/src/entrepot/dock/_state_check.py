@@ -24,7 +24,7 @@ REQUIRED_KEYS = frozenset({
     "format", "capacity", "n_samples_per_prompt", "columns_order", "consumers", "columns", "ready",
     "consumed", "live", "age", "completed", "generators", "counts", "rows_got", "wait_s",
 })  # fmt: skip
-OPTIONAL_KEYS = frozenset({"bytes_got"})  # states saved by dock 0.1.0 lack it
+OPTIONAL_KEYS = frozenset({"bytes_got", "born", "policy_version"})  # older states lack them
 COUNT_KEYS = frozenset({"puts", "gets", "rows_put"})
 _GENERATOR_STATE_BYTES = torch.Generator().get_state().numel()
 
@@ -98,6 +98,20 @@ class StateCheck:
         for bad, what in ((~live & (age != 0), "a nonzero age"), (~live & ~completed, "completed=False")):
             if bool(bad.any()):
                 self.fail(f"row {int(bad.nonzero()[0])} holds no data but has {what}")
+        self._check_versions(state, live)
+
+    def _check_versions(self, state: Mapping[str, Any], live: torch.Tensor) -> None:
+        """The policy version (an int >= 0) and each row's birth version (-1 unset, else <= it)."""
+        version = state.get("policy_version", 0)
+        if type(version) is not int or version < 0:
+            self.fail(f"policy_version is {_short(version)}, not an int >= 0")
+        if "born" not in state:
+            return
+        born = self.tensor(state, "born", torch.int64, (self.dock.capacity,))
+        bad = (born < -1) | (born > version) | (~live & (born != -1))
+        if bool(bad.any()):
+            row = int(bad.nonzero()[0])
+            self.fail(f"born[{row}] is {int(born[row])}: must be -1 (empty row) or in [0, {version}]")
 
     def _check_columns(self, columns: Any, ready: torch.Tensor) -> None:
         dock = self.dock

@@ -41,7 +41,7 @@ __all__ = ["CALLABLE_METHODS", "DockActor", "RayDockClient"]
 CALLABLE_METHODS = frozenset(
     {
         "put_prompts", "peek", "ack", "release", "all_consumed", "progress", "clear", "reset", "metrics",
-        "save", "load",
+        "save", "load", "set_policy_version", "finished_rows",
     }
 )  # fmt: skip
 """The dock methods a client may run through `DockActor.call` (puts and gets have their own calls)."""
@@ -261,6 +261,15 @@ class RayDockClient:
 
     def reset(self) -> None:
         self._call("reset")
+
+    def set_policy_version(self, version: int) -> int:
+        """ExperienceDock.set_policy_version in the actor."""
+        return int(self._call("set_policy_version", version))
+
+    def finished_rows(self) -> torch.Tensor:
+        """ExperienceDock.finished_rows in the actor."""
+        result: torch.Tensor = self._call("finished_rows")
+        return result
 
     def metrics(self) -> dict[str, float]:
         result: dict[str, float] = self._call("metrics")
