@@ -192,9 +192,30 @@ class RolloutConfig:
         ),
     )
     stop_on_eos: bool = field(default=True, metadata=_doc("Stop a response at the tokenizer's EOS token."))
+    partial_max_tokens: int | None = field(
+        default=None,
+        metadata=_doc(
+            "Partial rollout: new tokens a response gets per step; an unfinished one stays in the dock and "
+            "continues next step under the new weights (each token keeps its behaviour log-prob and "
+            "policy version). The step trains the groups that finished. None = whole responses."
+        ),
+    )
+    max_age: int | None = field(
+        default=None,
+        metadata=_doc(
+            "Partial rollout: steps a response may span; in its last one it runs to the end "
+            "(a forced completion). None = as many as the token budget needs."
+        ),
+    )
 
     def __post_init__(self) -> None:
         _check(self.prompts_per_step >= 1, "rollout.prompts_per_step", self.prompts_per_step, ">= 1")
+        if self.partial_max_tokens is not None:
+            _check(self.partial_max_tokens >= 1, "rollout.partial_max_tokens", self.partial_max_tokens,
+                   ">= 1 or null")  # fmt: skip
+        if self.max_age is not None:
+            _check(self.max_age >= 1 and self.partial_max_tokens is not None, "rollout.max_age", self.max_age,
+                   ">= 1, with rollout.partial_max_tokens set (or null)")  # fmt: skip
         _check(
             self.n_samples_per_prompt >= 2,
             "rollout.n_samples_per_prompt",
@@ -273,6 +294,13 @@ class AlgorithmConfig:
     grad_clip: float | None = field(
         default=1.0, metadata=_doc("Clip the global grad norm to this; None disables.")
     )
+    max_staleness: int | None = field(
+        default=None,
+        metadata=_doc(
+            "Partial rollout: policy versions (steps) a group's oldest token may lag the policy it "
+            "trains; the dock drops older groups (dock/rows_stale). None = no limit."
+        ),
+    )
 
     def __post_init__(self) -> None:
         _check(self.kl_coef >= 0, "algorithm.kl_coef", self.kl_coef, ">= 0")
@@ -301,6 +329,8 @@ class AlgorithmConfig:
             _check(
                 self.mini_batch_size >= 1, "algorithm.mini_batch_size", self.mini_batch_size, ">= 1 or null"
             )
+        if self.max_staleness is not None:
+            _check(self.max_staleness >= 0, "algorithm.max_staleness", self.max_staleness, ">= 0 or null")
 
 
 @dataclass(kw_only=True)
@@ -809,6 +839,7 @@ class GRPOConfig:
         self._check_positions()
         self._check_token_budgets()
         self._check_rollout_engine()
+        self._check_partial_rollout()
 
     def _check_batches(self) -> None:
         batch = self.rollout.batch_size
@@ -953,10 +984,41 @@ class GRPOConfig:
         """Most tokens one prompt + response can have under this config (what micro-batches must hold)."""
         if self.data.task in ("reverse", "addition"):
             digits, addition = self.data.num_digits, self.data.task == "addition"
-            answer = digits + 1 if addition else digits
             prompt = 2 * digits + 2 if addition else digits + 1
-            return prompt + (self.rollout.max_new_tokens or answer)
-        return self.data.max_prompt_tokens + (self.rollout.max_new_tokens or 64)
+            return prompt + self.response_budget()
+        return self.data.max_prompt_tokens + self.response_budget()
+
+    def response_budget(self) -> int:
+        """Most tokens one response may have: rollout.max_new_tokens, else the task's default."""
+        if self.rollout.max_new_tokens is not None:
+            return self.rollout.max_new_tokens
+        if self.data.task in ("reverse", "addition"):
+            return self.data.num_digits + (1 if self.data.task == "addition" else 0)
+        return 64
+
+    def partial_max_age(self) -> int:
+        """Steps a partial response may span: rollout.max_age, else what the token budget needs."""
+        partial = self.rollout.partial_max_tokens
+        if partial is None:
+            return 1
+        return self.rollout.max_age or -(-self.response_budget() // partial)
+
+    def _check_partial_rollout(self) -> None:
+        """Partial rollout runs with the torch rollout engines, one round per step, no dynamic sampling."""
+        partial = self.rollout.partial_max_tokens
+        if partial is None:
+            staleness = self.algorithm.max_staleness
+            _check(staleness is None, "algorithm.max_staleness", staleness,
+                   "null without rollout.partial_max_tokens (nothing else is stale)")  # fmt: skip
+            return
+        budget = self.response_budget()
+        _check(partial < budget, "rollout.partial_max_tokens", partial,
+               f"< the response budget ({budget}, rollout.max_new_tokens or the task's): else every "
+               "response finishes in one step; use null")  # fmt: skip
+        _check(not self.algorithm.dynamic_sampling, "algorithm.dynamic_sampling", True,
+               "false with rollout.partial_max_tokens (a step trains the groups that finished)")  # fmt: skip
+        _check(self.engine.rollout == "torch", "engine.rollout", self.engine.rollout,
+               "torch with rollout.partial_max_tokens (not run with vLLM yet)")  # fmt: skip
 
     def _check_token_budgets(self) -> None:
         """Each pass's micro-batch token budget must hold the longest possible sequence (never truncated)."""

@@ -261,7 +261,6 @@ class GPT2RolloutEngine:
             return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(probs.device)
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
-    @torch.no_grad()
     def generate(
         self,
         prompts: Sequence[Sequence[int] | torch.Tensor],
@@ -270,7 +269,20 @@ class GPT2RolloutEngine:
         pad_token_id: int = 0,
         generator: torch.Generator | None = None,
     ) -> list[list[int]]:
-        """Sample one response per prompt; a response ends after a stop token (kept) or the budget.
+        """Sample one response per prompt; a response ends after a stop token (kept) or the budget."""
+        return self.generate_with_logprobs(prompts, params, pad_token_id=pad_token_id, generator=generator)[0]
+
+    @torch.no_grad()
+    def generate_with_logprobs(
+        self,
+        prompts: Sequence[Sequence[int] | torch.Tensor],
+        params: SamplingParams,
+        *,
+        pad_token_id: int = 0,
+        generator: torch.Generator | None = None,
+    ) -> tuple[list[list[int]], list[torch.Tensor]]:
+        """`generate`, plus each sampled token's log-prob under the raw logits (before temperature,
+        top-k and top-p: the distribution the trainer's log-probs are of), float32 [len] per response.
 
         Prompts are left-padded so that every row decodes in lock-step; position ids skip padding.
         """
@@ -303,11 +315,13 @@ class GPT2RolloutEngine:
         stop = torch.tensor(params.stop_token_ids, dtype=torch.long, device=dev)
         done = torch.zeros(b, dtype=torch.bool, device=dev)
         out = torch.full((b, params.max_new_tokens), pad_token_id, dtype=torch.long, device=dev)
+        out_logp = torch.zeros(b, params.max_new_tokens, dtype=torch.float32, device=dev)
         lengths = torch.zeros(b, dtype=torch.long, device=dev)
         for t in range(params.max_new_tokens):
             token = self._sample(logits, params, generator)  # [B]
             token = torch.where(done, torch.full_like(token, pad_token_id), token)
             out[:, t] = token
+            out_logp[:, t] = logits.float().log_softmax(-1).gather(1, token[:, None]).squeeze(1)
             lengths += (~done).long()
             done = done | torch.isin(token, stop)
             if bool(done.all()) or t == params.max_new_tokens - 1:
@@ -315,4 +329,7 @@ class GPT2RolloutEngine:
             key_mask[:, prompt_len + t] = True
             logits = self._forward(token[:, None], next_pos[:, None], cache, prompt_len + t, key_mask)
             next_pos = next_pos + 1
-        return [out[row, : int(lengths[row])].tolist() for row in range(b)]
+        ends = lengths.tolist()
+        return [out[row, :end].tolist() for row, end in enumerate(ends)], [
+            out_logp[row, :end].cpu() for row, end in enumerate(ends)
+        ]

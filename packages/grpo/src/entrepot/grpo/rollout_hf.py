@@ -57,7 +57,6 @@ class HFRolloutEngine(_engine_base()):  # type: ignore[misc]
         """Copy `weights` in place (fused ``qkv_proj`` / ``gate_up_proj`` are split into HF's)."""
         super().load_weights(unfused_weights(weights, self.module.config))
 
-    @torch.no_grad()
     def generate(
         self,
         prompts: Sequence[Sequence[int] | torch.Tensor],
@@ -67,6 +66,19 @@ class HFRolloutEngine(_engine_base()):  # type: ignore[misc]
         generator: torch.Generator | None = None,
     ) -> list[list[int]]:
         """One response per prompt (left-padded batch); a response ends after a stop token (kept)."""
+        return self.generate_with_logprobs(prompts, params, pad_token_id=pad_token_id, generator=generator)[0]
+
+    @torch.no_grad()
+    def generate_with_logprobs(
+        self,
+        prompts: Sequence[Sequence[int] | torch.Tensor],
+        params: SamplingParams,
+        *,
+        pad_token_id: int = 0,
+        generator: torch.Generator | None = None,
+    ) -> tuple[list[list[int]], list[torch.Tensor]]:
+        """`generate`, plus each sampled token's log-prob under the raw logits (HF's ``output_logits``:
+        before temperature, top-k and top-p), float32 [len] per response."""
         module = self.module
         device = next(module.parameters()).device
         width = max(len(p) for p in prompts)
@@ -86,10 +98,16 @@ class HFRolloutEngine(_engine_base()):  # type: ignore[misc]
             max_new_tokens=params.max_new_tokens,
             eos_token_id=list(params.stop_token_ids) or None,
             pad_token_id=pad_token_id,
-        )[:, width:].cpu()
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        tokens = out.sequences[:, width:].cpu()  # [B, T]
+        raw = torch.stack(out.logits, 1).float().log_softmax(-1).cpu()  # [B, T, V]
+        logp = raw.gather(2, tokens[:, :, None]).squeeze(2)  # [B, T]
         stops = set(params.stop_token_ids)
-        responses = []
-        for row in out.tolist():
-            end = next((i + 1 for i, t in enumerate(row) if t in stops), len(row))
+        responses, logprobs = [], []
+        for i, row in enumerate(tokens.tolist()):
+            end = next((j + 1 for j, t in enumerate(row) if t in stops), len(row))
             responses.append(row[:end])
-        return responses
+            logprobs.append(logp[i, :end].clone())
+        return responses, logprobs

@@ -199,11 +199,15 @@ class Trainer:
 
         # 8. metrics, evaluation, clear
         stats = None
+        partial = cfg.rollout.partial_max_tokens is not None
         if rows.numel():
-            stats = self.dock.get("grpo_metrics", ["accuracy", "response_length"], rows.numel(),
-                                  indexes=rows, timeout=cfg.resources.stage_timeout_s)  # fmt: skip
+            columns = ["accuracy", "response_length", *(["policy_version"] if partial else [])]
+            stats = self.dock.get("grpo_metrics", columns, rows.numel(), indexes=rows, layout="packed",
+                                  timeout=cfg.resources.stage_timeout_s)  # fmt: skip
         dock_metrics = dock_step_metrics(self.dock.metrics(), self._dock_totals)
         self.dock.clear()
+        if partial:
+            dock_metrics.update(self._partial_metrics(stats))
         self.step += 1
         step_time = time.perf_counter() - t_start
         metrics: dict[str, Any] = {
@@ -232,6 +236,17 @@ class Trainer:
             metrics["time/eval"] = time.perf_counter() - t_eval
         return metrics
 
+    def _partial_metrics(self, stats: Any) -> dict[str, float]:
+        """Tokens trained this step per policy-version age (steps behind the policy they train), and
+        the groups still in flight after the step's clear."""
+        in_flight = self.dock.progress("actor_rollout")["live"] // self.config.rollout.n_samples_per_prompt
+        out = {"partial/groups_in_flight": float(in_flight)}
+        if stats is not None:
+            ages = self.step - stats.data["policy_version"].long()  # [T] every trained token
+            for age, tokens in enumerate(torch.bincount(ages).tolist()):
+                out[f"partial/tokens_age_{age}"] = float(tokens)
+        return out
+
     def _log_prob_stages(self, num_groups: int) -> list[Callable[[], Pending[dict[str, float]]]]:
         """Starters of the reference and old log-prob stages over `num_groups` prompt groups."""
         algo = self.config.algorithm
@@ -257,7 +272,10 @@ class Trainer:
         mini = algo.mini_batch_size or self.config.rollout.batch_size
         single_step = algo.epochs == 1 and num_rows <= mini
         vllm = self.config.engine.rollout == "vllm"
-        return not single_step or (algo.kl_in_reward and algo.kl_coef > 0) or vllm
+        kl_in_reward = algo.kl_in_reward and algo.kl_coef > 0
+        if self.config.rollout.partial_max_tokens is not None:  # the ratio divides by the behaviour log-probs
+            return kl_in_reward
+        return not single_step or kl_in_reward or vllm
 
     # -- sampling (with dynamic sampling's drop and refill) --------------------------------------
 
@@ -280,7 +298,7 @@ class Trainer:
         per_actor = self._share(count, len(self.actors.ranks))
         per_rewarder = self._share(count, len(self.rewards.ranks))
         stats = self._run([
-            lambda: self.actors.call(ActorWorker.rollout, self.dock, per_actor),
+            lambda: self.actors.call(ActorWorker.rollout, self.dock, per_actor, version=self.step),
             *self._reward_model_stage(count),
             lambda: self.rewards.call(RewardWorker.score, self.dock, per_rewarder),
             *also,
@@ -304,6 +322,8 @@ class Trainer:
         """Rows of this step (whole groups, group after group), stage stats and sampling metrics."""
         cfg = self.config
         n, wanted = cfg.rollout.n_samples_per_prompt, cfg.rollout.prompts_per_step
+        if cfg.rollout.partial_max_tokens is not None:
+            return self._partial_sample(also)
         rows, stats = self._generate(wanted, also)
         if not cfg.algorithm.dynamic_sampling:
             return rows, stats, {}
@@ -325,6 +345,18 @@ class Trainer:
                 "sampling/groups_kept": float(kept.numel() // n),
             },
         )
+
+    def _partial_sample(
+        self, also: Sequence[Callable[[], Pending[dict[str, float]]]]
+    ) -> tuple[torch.Tensor, list[dict[str, float]], dict[str, float]]:
+        """Partial rollout: new prompts join the responses carried over, everything gets one round by
+        this step's policy (version = steps trained), and the step takes the groups that finished."""
+        n = self.config.rollout.n_samples_per_prompt
+        stale = self.dock.set_policy_version(self.step)  # drops groups that would exceed max_staleness
+        _, stats = self._generate(self.config.rollout.prompts_per_step, also)
+        rows = self.dock.finished_rows()
+        return rows, stats, {"partial/groups_finished": float(rows.numel() // n),
+                             "partial/groups_dropped_stale": float(stale // n)}  # fmt: skip
 
     def _drop_uniform_groups(self, rows: torch.Tensor) -> torch.Tensor:
         """Clear the groups of `rows` whose rewards all agree from the dock; return the kept rows."""

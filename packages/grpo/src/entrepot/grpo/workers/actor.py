@@ -17,6 +17,7 @@ the update takes exactly the rows the driver planned for each rank and sums grad
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -30,16 +31,21 @@ from entrepot.grpo.evaluation import greedy_eval
 from entrepot.grpo.frozen import device_bytes
 from entrepot.grpo.policy import Policy, build_policy
 from entrepot.grpo.rollout import SamplingParams
-from entrepot.grpo.rollout_vllm import LogprobRolloutEngine
+from entrepot.grpo.rollout_vllm import VllmRolloutEngine
 from entrepot.grpo.sequences import ResponseBatch
 from entrepot.grpo.threads import configure_threads, use_deterministic_kernels
 from entrepot.grpo.update import DataParallel, UpdateInputs
 from entrepot.grpo.workers._memory import PhaseMemory, Sample
 from entrepot.grpo.workers._model_rewards import MODEL_STAGE, ModelRewards
+from entrepot.grpo.workers._partial_rollout import partial_round
 from entrepot.grpo.workers._stage import SEQUENCE_COLUMNS, DockReader, stage
 from entrepot.grpo.workers.group import RankInfo
 
 __all__ = ["ActorWorker", "response_batch"]
+
+_OLD_BEHAVIOUR = "rollout_log_prob"
+"""With partial rollout the importance ratio divides by each token's behaviour log-prob: the policy
+version that sampled it, which for a response spanning rounds is not the policy the update starts from."""
 
 
 def response_batch(batch: Batch) -> ResponseBatch:
@@ -63,8 +69,8 @@ def _batch_generator(base: int, rows: torch.Tensor) -> torch.Generator:
 def _generate(
     engine: Any, prompts: Sequence[torch.Tensor], params: SamplingParams, pad: int, generator: torch.Generator
 ) -> tuple[list[list[int]], torch.Tensor | None]:
-    """Responses of `prompts`, and the flat log-probs of their tokens when the engine returns them."""
-    if isinstance(engine, LogprobRolloutEngine):
+    """Responses of `prompts`, and the flat log-probs of their tokens when the engine is vLLM's."""
+    if isinstance(engine, VllmRolloutEngine):
         responses, logprobs = engine.generate_with_logprobs(prompts, params, generator=generator)
         return responses, torch.cat(logprobs) if logprobs else torch.zeros(0)
     return engine.generate(prompts, params, pad_token_id=pad, generator=generator), None
@@ -184,23 +190,45 @@ class ActorWorker:
         return True
 
     @stage("actor_rollout")
-    def rollout(self, dock: DockClient, count: int) -> dict[str, float]:
-        """Reshard into the engine, generate responses (`count` rows a get), put them in the dock."""
+    def rollout(self, dock: DockClient, count: int, version: int = 0) -> dict[str, float]:
+        """Reshard into the engine, generate responses (`count` rows a get), put them in the dock.
+
+        With `rollout.partial_max_tokens`, one round of partial rollout by policy `version` instead.
+        """
         stats: dict[str, float] = {}
         with self.memory.phase("rollout", stats) as sample:
-            stats.update(self._rollout(dock, count, sample))
+            stats.update(self._rollout(dock, count, sample, version))
         return stats
 
-    def _rollout(self, dock: DockClient, count: int, sample: Sample) -> dict[str, float]:
-        policy, n = self.policy, self.config.rollout.n_samples_per_prompt
+    def _rollout(self, dock: DockClient, count: int, sample: Sample, version: int) -> dict[str, float]:
+        policy = self.policy
         t0 = time.perf_counter()
         sample(policy.manager.enter_infer_mode())
         t1 = time.perf_counter()
         train_bytes = device_bytes(policy.trainer.named_parameters().values())  # held while generating
-        tokens = 0
         base = (
             int(torch.randint(2**62, (1,), generator=policy.generator)) if self.rank.world_size > 1 else None
         )
+        if self.config.rollout.partial_max_tokens is not None:
+            stats = self._partial_rollout(dock, count, base, version)
+        else:
+            stats = self._full_rollout(dock, count, base)
+        t2 = time.perf_counter()
+        sample()
+        policy.manager.exit_infer_mode()
+        self._exit_infer_s = time.perf_counter() - t2
+        return {
+            **stats,
+            "time/reshard_to_infer": t1 - t0,
+            "time/generate": t2 - t1,
+            "memory/train_param_bytes_in_rollout": float(train_bytes),
+            **_reshard_metrics(policy.reshard_stats),
+        }
+
+    def _full_rollout(self, dock: DockClient, count: int, base: int | None) -> dict[str, float]:
+        """Whole responses for every prompt row; `rollout_tokens` generated."""
+        policy, n = self.policy, self.config.rollout.n_samples_per_prompt
+        tokens = 0
         # TP1 rollout: every rank samples its own rows; a tensor-parallel vLLM spans the model-parallel
         # group, whose ranks generate the same rows in lockstep and whose first rank puts them
         alone = self.config.parallel.infer.tensor == 1
@@ -216,17 +244,50 @@ class ActorWorker:
             if alone or self.rank.reads_dock:
                 dock.put(columns, batch.indexes)
             tokens += int(lengths.sum())
-        t2 = time.perf_counter()
-        sample()
-        policy.manager.exit_infer_mode()
-        self._exit_infer_s = time.perf_counter() - t2
-        return {
-            "time/reshard_to_infer": t1 - t0,
-            "time/generate": t2 - t1,
-            "rollout_tokens": float(tokens),
-            "memory/train_param_bytes_in_rollout": float(train_bytes),
-            **_reshard_metrics(policy.reshard_stats),
-        }
+        return {"rollout_tokens": float(tokens)}
+
+    def _partial_rollout(
+        self, dock: DockClient, count: int, base: int | None, version: int
+    ) -> dict[str, float]:
+        """One partial-rollout round (see `_partial_rollout.partial_round`) over every row the rollout
+        has not finished: new prompt rows and responses carried over from earlier steps.
+
+        Rows are taken one by one (a carried group may hold finished rows) under a lease, acked by the
+        put, so that downstream stages running beside the rollout wait for the rows still in flight.
+        """
+        policy, cfg = self.policy, self.config.rollout
+        assert cfg.partial_max_tokens is not None  # the caller checked
+        totals = {"rollout_tokens": 0.0, "partial/rows_continued": 0.0, "partial/forced_completions": 0.0}
+        take: dict[str, Any] = {"min_count": 1, "groups": False, "lease": math.inf, "alone": True}
+        while (batch := self.reader.get(dock, "actor_rollout", ["prompts"], count, **take)) is not None:
+            prompts = list(torch.split(batch.data["prompts"], batch.lengths["prompts"].tolist()))
+            generator = policy.generator if base is None else _batch_generator(base, batch.indexes)
+            out = partial_round(
+                policy.engine, prompts, batch.ages, self._responses_so_far(dock, batch), policy.sampling,
+                partial_max_tokens=cfg.partial_max_tokens, max_age=self.config.partial_max_age(),
+                version=version, pad_token_id=self._pad, generator=generator,
+            )  # fmt: skip
+            dock.put(out.columns, batch.indexes, completed=out.completed, ack=batch.lease)
+            totals["rollout_tokens"] += out.new_tokens
+            totals["partial/rows_continued"] += out.continued
+            totals["partial/forced_completions"] += out.forced
+        return totals
+
+    @staticmethod
+    def _responses_so_far(
+        dock: DockClient, batch: Batch
+    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Per row of `batch`: (tokens, behaviour log-probs, policy versions) of its response so far."""
+        empty = (torch.zeros(0, dtype=torch.long), torch.zeros(0), torch.zeros(0, dtype=torch.int32))
+        previous = [empty] * batch.indexes.numel()
+        carried = (batch.ages > 0).nonzero().squeeze(1)
+        if carried.numel():
+            columns = ["responses", "rollout_log_prob", "policy_version"]
+            got = dock.peek(columns, batch.indexes[carried], layout="packed")
+            parts = [torch.split(got.data[c], got.lengths[c].tolist()) for c in columns]
+            for i, row in enumerate(carried.tolist()):
+                previous[row] = (parts[0][i], parts[1][i], parts[2][i])
+        return previous
 
     @stage(MODEL_STAGE)
     def reward_model_scores(self, dock: DockClient, count: int) -> dict[str, float]:
@@ -266,7 +327,7 @@ class ActorWorker:
         """
         t0 = time.perf_counter()
         metrics: dict[str, float] = {}
-        mismatch = _Mismatch() if isinstance(self.policy.engine, LogprobRolloutEngine) else None
+        mismatch = _Mismatch() if isinstance(self.policy.engine, VllmRolloutEngine) else None
         with self.memory.phase("old_log_prob", metrics) as sample:
             sample(self.policy.manager.enter_forward_mode())
             self._log_probs(dock, "actor_log_prob", "old_log_prob", count, reference=False, mismatch=mismatch)
@@ -310,9 +371,11 @@ class ActorWorker:
         cfg, policy = self.config, self.policy
         mine = plan[self.rank.dp_rank]
         use_ref = cfg.algorithm.kl_coef > 0 and not cfg.algorithm.kl_in_reward
+        old = _OLD_BEHAVIOUR if cfg.rollout.partial_max_tokens is not None else "old_log_prob"
+        with_old = with_old or old == _OLD_BEHAVIOUR
         columns = [*SEQUENCE_COLUMNS, "advantages", *(["ref_log_prob"] if use_ref else []),
-                   *(["old_log_prob"] if with_old else [])]  # fmt: skip
-        inputs = self._update_inputs(dock, columns, mine, use_ref, with_old)
+                   *([old] if with_old else [])]  # fmt: skip
+        inputs = self._update_inputs(dock, columns, mine, use_ref, old if with_old else None)
         memory: dict[str, float] = {}
         with self.memory.phase("update", memory) as sample:
             t_switch = time.perf_counter()
@@ -333,22 +396,24 @@ class ActorWorker:
         columns: list[str],
         plan: Sequence[Sequence[int]],
         use_ref: bool,
-        with_old: bool,
+        old: str | None,
     ) -> UpdateInputs:
+        """This rank's rows of the update; the ratio's old log-probs come from column `old` (None: the
+        current ones, detached)."""
         rows = [row for mini in plan for row in mini]
         sizes = torch.tensor([len(mini) for mini in plan], dtype=torch.int64)
         local = torch.split(torch.arange(len(rows)), sizes.tolist())
         if not rows:  # this rank holds no row of this step (a short dynamic-sampling step): zeros
             empty = torch.zeros(0, dtype=torch.int64)
             batch = ResponseBatch(empty, empty, empty)
-            return UpdateInputs(batch, torch.zeros(0), None if not with_old else torch.zeros(0),
+            return UpdateInputs(batch, torch.zeros(0), None if old is None else torch.zeros(0),
                                 torch.zeros(0) if use_ref else None, local)  # fmt: skip
         got = self.reader.take(dock, "actor_train", columns, rows)
         data = got.data
         return UpdateInputs(
             batch=response_batch(got),
             advantages=data["advantages"].float(),
-            old_logp=data["old_log_prob"] if with_old else None,
+            old_logp=None if old is None else data[old].float(),
             ref_logp=data["ref_log_prob"] if use_ref else None,
             mini_batches=local,
         )
@@ -367,7 +432,7 @@ class ActorWorker:
         from entrepot.grpo.policy import export_hf
 
         manager = self.policy.manager
-        if isinstance(self.policy.engine, LogprobRolloutEngine):  # vLLM: its weights are kernel-packed
+        if isinstance(self.policy.engine, VllmRolloutEngine):  # vLLM: its weights are kernel-packed
             weights = manager.resharder.reshard(manager.train_engine.named_train_parameters())
             if self.rank.rank == 0:
                 export_hf(self.policy, directory, weights)

@@ -54,16 +54,21 @@ def launch(config: GRPOConfig, run_dir: str | None = None) -> Cluster:
     from entrepot.dock import ColumnSpec, GRPODock
 
     resources = config.resources
+    partial = config.rollout.partial_max_tokens is not None
     dock_args: dict[str, Any] = {
-        "prompts_num": config.rollout.prompts_per_step,
+        # partial rollout: each step's prompts plus the groups of up to max_age - 1 earlier steps
+        "prompts_num": config.rollout.prompts_per_step * config.partial_max_age(),
         "n_samples_per_prompt": config.rollout.n_samples_per_prompt,
-        # rollout_log_prob: the rollout engine's log-probs of its sampled tokens (vLLM's; flat per row);
-        # model_scores: the reward models' weighted sum (one per row)
+        # rollout_log_prob: the rollout engine's log-probs of its sampled tokens (vLLM's, or the behaviour
+        # log-probs of partial rollout; flat per row); policy_version: the version that sampled each
+        # token (partial rollout); model_scores: the reward models' weighted sum (one per row)
         "extra_columns": {
             "answer": ColumnSpec(), "accuracy": ColumnSpec(), "rollout_log_prob": ColumnSpec(),
-            MODEL_SCORES: ColumnSpec(scalar=True),
+            "policy_version": ColumnSpec(), MODEL_SCORES: ColumnSpec(scalar=True),
         },
         "seed": config.seed,
+        "max_age": config.partial_max_age() if partial else None,
+        "max_staleness": config.algorithm.max_staleness,
     }  # fmt: skip
     separate = not resources.colocate
     wants_reference = separate and config.algorithm.kl_coef > 0
