@@ -252,8 +252,8 @@ class ActorWorker:
         """One partial-rollout round (see `_partial_rollout.partial_round`) over every row the rollout
         has not finished: new prompt rows and responses carried over from earlier steps.
 
-        Rows are taken one by one (a carried group may hold finished rows) under a lease, acked by the
-        put, so that downstream stages running beside the rollout wait for the rows still in flight.
+        Rows are taken singly, not in whole groups (a carried group may hold finished rows), under a lease
+        acked by the put, so that downstream stages running beside the rollout wait for rows in flight.
         """
         policy, cfg = self.policy, self.config.rollout
         assert cfg.partial_max_tokens is not None  # the caller checked
