@@ -176,6 +176,18 @@ def test_resume_gives_bit_identical_parameters(tmp_path: Path) -> None:
 
 
 @needs_vllm
+def test_partial_rollout_with_vllm(tmp_path: Path) -> None:
+    """Responses continue across steps in vLLM; the ratio divides by vLLM's own behaviour log-probs."""
+    config = load_config(None, [*LOCAL, "max_steps=6", "algorithm.lr=3e-3", "rollout.partial_max_tokens=3"])
+    train(config, tmp_path / "run")
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert sum(r["partial/groups_finished"] for r in rows) + rows[-1]["partial/groups_in_flight"] == 6 * 8
+    assert any(r["partial/rows_continued"] > 0 for r in rows)
+    stale_steps = [r for r in rows[3:] if r.get("partial/tokens_age_1", 0.0) > 0]
+    assert stale_steps and all(r["ratio_max"] > 1 + 1e-3 for r in stale_steps)
+
+
+@needs_vllm
 def test_train_with_vllm_rollouts_raises_the_reward(ray_session: Any, tmp_path: Path) -> None:
     config = load_config(
         None,

@@ -1017,8 +1017,8 @@ class GRPOConfig:
                "response finishes in one step; use null")  # fmt: skip
         _check(not self.algorithm.dynamic_sampling, "algorithm.dynamic_sampling", True,
                "false with rollout.partial_max_tokens (a step trains the groups that finished)")  # fmt: skip
-        _check(self.engine.rollout == "torch", "engine.rollout", self.engine.rollout,
-               "torch with rollout.partial_max_tokens (not run with vLLM yet)")  # fmt: skip
+        _check(self.parallel.infer.tensor == 1, "parallel.infer.tensor", self.parallel.infer.tensor,
+               "1 with rollout.partial_max_tokens (not run with a tensor-parallel vLLM)")  # fmt: skip
 
     def _check_token_budgets(self) -> None:
         """Each pass's micro-batch token budget must hold the longest possible sequence (never truncated)."""

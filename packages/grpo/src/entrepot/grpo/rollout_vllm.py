@@ -47,6 +47,7 @@ class LogprobRolloutEngine(Protocol):
         prompts: Sequence[Sequence[int] | torch.Tensor],
         params: SamplingParams,
         *,
+        pad_token_id: int = 0,
         generator: torch.Generator | None = None,
     ) -> tuple[list[list[int]], list[torch.Tensor]]:
         """One response per prompt (stop token kept) and its tokens' log-probs (float32 [len])."""
@@ -230,9 +231,11 @@ class VllmRolloutEngine(VllmInferenceEngine):
         prompts: Sequence[Sequence[int] | torch.Tensor],
         params: SamplingParams,
         *,
+        pad_token_id: int = 0,
         generator: torch.Generator | None = None,
     ) -> tuple[list[list[int]], list[torch.Tensor]]:
-        """One response per prompt and the raw-logit log-prob of each of its tokens (float32 [len]).
+        """One response per prompt and the raw-logit log-prob of each of its tokens (float32 [len]);
+        `pad_token_id` is unused (nothing is padded).
 
         A sampling request's seed is drawn from `generator` (torch's global RNG when None); greedy
         requests (temperature 0) draw nothing.

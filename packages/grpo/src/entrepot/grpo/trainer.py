@@ -9,6 +9,10 @@ One iteration, every stage a dock consumer (`train_step` reads in this order):
     one epoch, one mini-batch) -> group advantages (here, in the driver) -> actor update (each DP
     rank the rows planned for it) -> metrics -> clear
 
+With partial rollout (`rollout.partial_max_tokens`) the rollout gives every unfinished response one
+round of new tokens (new prompts and those carried over, under policy version = steps trained), and
+the step goes on with the groups that finished (`dock.finished_rows()`); the rest stay in the dock.
+
 The trainer calls typed methods on worker groups (`entrepot.grpo.workers`); whether the workers are
 Ray actors or objects in this process is decided once, in `launch`. The reference and reward-model
 stages run on the actor ranks (`resources.colocate`) or on their own groups. With `resources.blocking`
