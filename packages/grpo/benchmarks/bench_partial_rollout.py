@@ -71,12 +71,11 @@ def run(args: argparse.Namespace, partial: int | None) -> list[dict[str, Any]]:
             trainer.close()
 
 
-def summary(rows: list[dict[str, Any]], warmup: int, n: int) -> dict[str, float]:
-    window = rows[warmup:]
+def summary(rows: list[dict[str, Any]], args: argparse.Namespace, n: int) -> dict[str, float]:
+    window = rows[args.warmup :]
     seconds = sum(r["time/step"] for r in window)
-    trained = sum(r.get("partial/groups_finished", r.get("sampling/groups_kept", 0.0)) for r in window)
-    if not any("partial/groups_finished" in r for r in window):  # whole rollouts train every prompt drawn
-        trained = float(len(window) * (rows[1]["data/prompts_drawn"] - rows[0]["data/prompts_drawn"]))
+    partial = "partial/groups_finished" in window[0]  # whole rollouts train every prompt drawn
+    trained = sum(r["partial/groups_finished"] for r in window) if partial else len(window) * args.prompts
     return {
         "step_s": statistics.median(r["time/step"] for r in window),
         "responses_per_s": trained * n / seconds,
@@ -98,7 +97,7 @@ def main() -> None:
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     full = run(args, None)
     part = run(args, args.partial)
-    a, b = summary(full, args.warmup, 8), summary(part, args.warmup, 8)
+    a, b = summary(full, args, 8), summary(part, args, 8)
     print(f"long tail: geometric lengths, mean {args.mean_length:g}, cap {args.max_new_tokens}; "
           f"{args.prompts} prompts x 8 per step; steps {args.warmup + 1}-{args.steps} measured")  # fmt: skip
     print(f"{'run':8} {'step s (median)':>16} {'responses/s':>12} {'gen tokens/s':>13} {'longest':>8}")

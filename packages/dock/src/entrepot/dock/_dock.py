@@ -383,9 +383,10 @@ class ExperienceDock(DockLifecycle):
                 if rows is not None:
                     picked = self._pick_explicit(k, col_ids, rows)
                 else:
-                    if self._consumer_done(k):
+                    finished = self._finished_for(k)
+                    if self._consumer_done(k, finished):
                         return None
-                    picked = self._pick(k, col_ids, count, wanted, group_size, sampler)
+                    picked = self._pick(k, col_ids, count, wanted, group_size, sampler, finished)
                 if picked is not None:
                     break
                 left = None if deadline is None else deadline - now
@@ -498,9 +499,12 @@ class ExperienceDock(DockLifecycle):
             )
         return wanted
 
-    def _downstream(self, k: int) -> bool:
-        """Whether consumer `k` may get only finished groups now (unfinished rows exist; see _partial)."""
-        return self._num_unfinished > 0 and self.consumers[k] != self.rollout_consumer
+    def _finished_for(self, k: int) -> torch.Tensor | None:
+        """bool [R] rows of finished groups, when consumer `k` may get only those now (unfinished rows
+        exist and `k` is downstream of the rollout; see _partial); else None (no restriction)."""
+        if self._num_unfinished == 0 or self.consumers[k] == self.rollout_consumer:
+            return None
+        return finished_groups(self._live, self._completed, self.n_samples_per_prompt)
 
     def _rollout_idle(self) -> bool:
         """The rollout has taken every row and holds none under a lease: no response is in flight."""
@@ -508,25 +512,21 @@ class ExperienceDock(DockLifecycle):
         r = self._consumer_index[self.rollout_consumer]
         return self._num_consumed[r] == self._num_live and not self._leases.num_leased[r]
 
-    def _consumer_done(self, k: int) -> bool:
+    def _consumer_done(self, k: int, finished: torch.Tensor | None) -> bool:
         """`k` has every row it will get this iteration (with partial rollout: every finished group's)."""
-        if not self._downstream(k):
+        if finished is None:
             return self._num_live == self._num_consumed[k]
-        deliverable = finished_groups(self._live, self._completed, self.n_samples_per_prompt)
-        return self._rollout_idle() and not bool((deliverable & ~self._consumed[k]).any())
+        return self._rollout_idle() and not bool((finished & ~self._consumed[k]).any())
 
-    def _rows_left(self, k: int) -> int:
+    def _rows_left(self, k: int, finished: torch.Tensor | None) -> int:
         """Rows `k` may still get this iteration (an upper bound while the rollout is still generating)."""
-        left = self._num_live - self._num_consumed[k] - self._leases.num_leased[k]
-        if self._downstream(k) and self._rollout_idle():
-            deliverable = finished_groups(self._live, self._completed, self.n_samples_per_prompt)
-            left = int((deliverable & ~self._consumed[k] & ~self._leases.leased[k]).sum())
-        return left
+        if finished is not None and self._rollout_idle():
+            return int((finished & ~self._consumed[k] & ~self._leases.leased[k]).sum())
+        return self._num_live - self._num_consumed[k] - self._leases.num_leased[k]
 
-    def _available_fn(self, k: int, col_ids: list[int]) -> Any:
-        finished = None
-        if self._downstream(k):  # unfinished partial responses (and their groups) are for the rollout only
-            finished = finished_groups(self._live, self._completed, self.n_samples_per_prompt)
+    def _available_fn(self, k: int, col_ids: list[int], finished: torch.Tensor | None) -> Any:
+        """(lo, hi) -> rows `k` may take; `finished` (see `_finished_for`) keeps unfinished partial
+        responses, and their groups, for the rollout only."""
         leased = self._leases.leased[k] if self._leases.num_leased[k] else None
 
         def available(lo: int, hi: int) -> torch.Tensor:
@@ -542,17 +542,23 @@ class ExperienceDock(DockLifecycle):
         return available
 
     def _pick(
-        self, k: int, col_ids: list[int], count: int, wanted: int, group_size: int, sampler: str
+        self,
+        k: int,
+        col_ids: list[int],
+        count: int,
+        wanted: int,
+        group_size: int,
+        sampler: str,
+        finished: torch.Tensor | None,
     ) -> torch.Tensor | None:
-        remaining = self._rows_left(k)
+        remaining = self._rows_left(k, finished)
         if remaining <= 0:
             return None  # every row left is leased: wait for an ack (the end) or a return
         need_units = math.ceil(min(wanted, remaining) / group_size)
         max_units = count // group_size
         stop_after = None if sampler == "random" else max_units
-        units = scan(
-            self._available_fn(k, col_ids), self._watermark[k], self.capacity, group_size, stop_after
-        )
+        available = self._available_fn(k, col_ids, finished)
+        units = scan(available, self._watermark[k], self.capacity, group_size, stop_after)
         if units.numel() < need_units:
             return None
         if sampler == "random" and units.numel() > max_units:

@@ -371,11 +371,13 @@ class ActorWorker:
         cfg, policy = self.config, self.policy
         mine = plan[self.rank.dp_rank]
         use_ref = cfg.algorithm.kl_coef > 0 and not cfg.algorithm.kl_in_reward
-        old = _OLD_BEHAVIOUR if cfg.rollout.partial_max_tokens is not None else "old_log_prob"
-        with_old = with_old or old == _OLD_BEHAVIOUR
+        if cfg.rollout.partial_max_tokens is not None:
+            old: str | None = _OLD_BEHAVIOUR
+        else:
+            old = "old_log_prob" if with_old else None
         columns = [*SEQUENCE_COLUMNS, "advantages", *(["ref_log_prob"] if use_ref else []),
-                   *([old] if with_old else [])]  # fmt: skip
-        inputs = self._update_inputs(dock, columns, mine, use_ref, old if with_old else None)
+                   *([old] if old else [])]  # fmt: skip
+        inputs = self._update_inputs(dock, columns, mine, use_ref, old)
         memory: dict[str, float] = {}
         with self.memory.phase("update", memory) as sample:
             t_switch = time.perf_counter()
