@@ -34,7 +34,7 @@ from pathlib import Path
 
 _CLI = "from entrepot.cli.app import main; main()"
 _STARTED = re.compile(r"started in ([\d.]+) s \((.*)\)")
-SETTINGS = {"Ray (the default)": [], "one process (resources.use_ray=false)": ["resources.use_ray=false"]}
+SETTINGS = {"Ray (resources.use_ray=true)": ["resources.use_ray=true"], "one process (the default)": []}
 
 
 def _busy_cpu_seconds() -> float:

@@ -96,6 +96,8 @@ def test_ray_address_and_auth_mode_come_from_the_config_and_environment(runner: 
     assert rows["address"] == "10.0.0.8:6379 (RAY_ADDRESS)"
     assert rows["auth mode"] == "token (RAY_AUTH_MODE)"
     assert _doctor(runner, "resources.use_ray=false")["Ray"]["address"].startswith("not used")
+    assert _doctor(runner)["Ray"]["address"] == "not used (auto: one worker per role: one process)"
+    assert _doctor(runner, "resources.use_ray=true")["Ray"]["address"].startswith("none: rl grpo train")
 
 
 def test_a_bad_key_exits_2_with_one_line(runner: CliRunner) -> None:

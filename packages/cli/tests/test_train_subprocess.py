@@ -1,8 +1,9 @@
-"""Real `rl grpo train` processes (Ray, dock, resharding and all) on a shrunken default config.
+"""Real `rl grpo train` processes (dock, resharding and all) on a shrunken default config.
 
-A short run must finish and leave metrics.jsonl, the plot and a checkpoint, which `rl grpo eval`
-reads. A second run is stopped with Ctrl-C (SIGINT to the whole process group, as a terminal sends
-it): it must save a checkpoint and exit 130, and `--resume` must continue it step for step.
+A short run (the default: one process) must finish and leave metrics.jsonl, the plot and a
+checkpoint, which `rl grpo eval` reads. A second run, on Ray, is stopped with Ctrl-C (SIGINT to the
+whole process group, as a terminal sends it): it must save a checkpoint and exit 130, and `--resume`
+must continue it step for step.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def test_train_writes_config_metrics_plot_and_checkpoint(
     assert (run_dir / "checkpoints" / "step_000004" / "model.safetensors").is_file()
     assert "max_steps: 4" in (run_dir / "config.yaml").read_text()
     assert "GRPO run summary" in done.stdout
-    assert "starting 1 actor rank(s) + 1 reward worker(s) on Ray" in done.stdout  # start-up as it happens
+    # start-up as it happens; one worker per role and no cluster: one process (resources.use_ray: null)
+    assert "starting 1 actor rank(s) + 1 reward worker(s) in this process" in done.stdout
     assert "started in " in done.stdout
     assert "start-up (this invocation)" in done.stdout
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -116,7 +118,8 @@ def test_bad_yaml_key_exits_2_with_one_line(tmp_path: Path) -> None:
 def test_ctrl_c_saves_a_checkpoint_and_resume_continues(tmp_path: Path) -> None:
     out = tmp_path / "runs"
     process = subprocess.Popen(
-        rl_command("grpo", "train", "-o", str(out), "--max-steps", "200", "--quiet", *SMALL),
+        rl_command("grpo", "train", "-o", str(out), "--max-steps", "200", "--quiet", *SMALL,
+                   "resources.use_ray=true"),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=rl_env(), start_new_session=True,
     )  # fmt: skip
     try:

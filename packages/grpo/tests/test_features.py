@@ -86,7 +86,13 @@ def test_plain_baseline_matches_the_full_system_first_step(tmp_path: Path) -> No
         torch.testing.assert_close(params[name].detach(), full_params[name])
 
 
-RAY = ["logging.tensorboard=false", "eval.every=0", "rollout.prompts_per_step=4", "checkpoint.keep_last=0"]
+RAY = [
+    "resources.use_ray=true",
+    "logging.tensorboard=false",
+    "eval.every=0",
+    "rollout.prompts_per_step=4",
+    "checkpoint.keep_last=0",
+]
 
 
 def test_overlapping_stages_overlap_and_agree(ray_session, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

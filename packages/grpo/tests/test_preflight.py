@@ -85,7 +85,7 @@ def test_machine_checks_cover_tensorboard_and_cpus() -> None:
             check_machine(load_config(None, ["logging.tensorboard=true"]))
     check_machine(load_config(None, []))  # the default: TensorBoard only when installed
     with pytest.raises(GRPOConfigError, match=r"^resources\.num_cpus_per_worker \(64\): 2 workers reserve"):
-        check_machine(load_config(None, ["resources.num_cpus_per_worker=64"]))
+        check_machine(load_config(None, ["resources.num_cpus_per_worker=64", "resources.use_ray=true"]))
 
 
 def test_a_tokenizer_larger_than_the_embedding_is_refused(model_dir: Path, tmp_path: Path) -> None:

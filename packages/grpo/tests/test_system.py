@@ -21,6 +21,7 @@ def test_reward_rises_through_ray(ray_session, tmp_path: Path) -> None:  # type:
         None,
         [
             *SMALL,
+            "resources.use_ray=true",
             "max_steps=50",
             "eval.every=0",
             "checkpoint.save_every=0",
@@ -167,7 +168,7 @@ def test_a_worker_that_fails_to_start_on_ray_raises_its_own_error(ray_session, t
     # driver fails the same way inside the reward worker
     bad = ["reward.custom={mine: no_such_module:score}", "reward.verifiers={mine: 1.0}"]
     with pytest.raises(RewardError, match=r"^reward\.custom\.mine \('no_such_module:score'\) cannot be"):
-        Trainer(load_config(None, [*SMALL, *bad]), tmp_path / "run")
+        Trainer(load_config(None, [*SMALL, *bad, "resources.use_ray=true"]), tmp_path / "run")
 
 
 def test_the_ray_dock_checkpoints_inside_a_relative_run_directory(  # type: ignore[no-untyped-def]
@@ -175,7 +176,13 @@ def test_the_ray_dock_checkpoints_inside_a_relative_run_directory(  # type: igno
 ) -> None:
     """The dock actor saves and loads only inside the run directory, given relative to the driver."""
     monkeypatch.chdir(tmp_path)
-    overrides = [*SMALL, "eval.every=0", "rollout.prompts_per_step=4", "checkpoint.save_every=1"]
+    overrides = [
+        *SMALL,
+        "eval.every=0",
+        "rollout.prompts_per_step=4",
+        "checkpoint.save_every=1",
+        "resources.use_ray=true",
+    ]
     train(load_config(None, [*overrides, "max_steps=1"]), Path("run"))
     assert (tmp_path / "run" / "checkpoints" / "step_000001" / "dock.pt").is_file()
     result = train(load_config(None, [*overrides, "max_steps=2"]), Path("run"), resume=True)

@@ -152,8 +152,9 @@ def _extras(config: GRPOConfig) -> Section:
 
 
 def _ray(config: GRPOConfig) -> Section:
-    if not config.resources.use_ray:
-        return Section("Ray", [("address", "not used (resources.use_ray=false: one process)")])
+    if not config.uses_ray():
+        why = "resources.use_ray=false" if config.resources.use_ray is False else "auto: one worker per role"
+        return Section("Ray", [("address", f"not used ({why}: one process)")])
     address, how = ray_address(config)
     token = _ray_token_source() or "none found"
     return Section("Ray", [("address", address), ("auth mode", ray_auth_mode(how)), ("token", token)])

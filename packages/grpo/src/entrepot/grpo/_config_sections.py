@@ -10,6 +10,7 @@ This module imports no torch so that the CLI's `--help` stays fast.
 
 from __future__ import annotations
 
+import os
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -634,8 +635,14 @@ class BatchingConfig:
 class ResourcesConfig:
     """Workers and how they run."""
 
-    use_ray: bool = field(
-        default=True, metadata=_doc("Run dock, actor and reward workers as Ray actors (False = one process).")
+    use_ray: bool | None = field(
+        default=None,
+        metadata=_doc(
+            "Run dock, actor and reward workers as Ray actors. null (auto): Ray only when the run needs "
+            "it (several workers in a role, separate or overlapping workers, a cluster address in "
+            "resources.ray_address or RAY_ADDRESS), else one process, which starts in seconds; "
+            "true / false force it."
+        ),
     )
     ray_address: str | None = field(
         default=None, metadata=_doc("Ray cluster address; None starts a local Ray.")
@@ -863,7 +870,7 @@ class GRPOConfig:
             f"divisible by resources.num_actor_workers ({workers}) so each DP rank gets whole groups",
         )
         _check(
-            self.resources.blocking or self.resources.use_ray,
+            self.resources.blocking or self.resources.use_ray is not False,
             "resources.blocking",
             False,
             "true when resources.use_ray is false (overlapping stages need Ray workers)",
@@ -876,7 +883,7 @@ class GRPOConfig:
             f"divisible by resources.num_reward_workers ({rewarders})",
         )
         _check(
-            workers == 1 or self.resources.use_ray,
+            workers == 1 or self.resources.use_ray is not False,
             "resources.num_actor_workers",
             workers,
             "1 when resources.use_ray is false",
@@ -886,7 +893,7 @@ class GRPOConfig:
         """Separate reference / reward-model workers need Ray and the torch engine; offload is co-located."""
         if self.resources.colocate:
             return
-        _check(self.resources.use_ray, "resources.colocate", False,
+        _check(self.resources.use_ray is not False, "resources.colocate", False,
                "true when resources.use_ray is false (separate workers are Ray actors)")  # fmt: skip
         _check(
             self.engine.train == "torch",
@@ -928,7 +935,7 @@ class GRPOConfig:
                 "spans the whole actor group; not run on a GPU)",
             )
         _check(
-            world == 1 or self.resources.use_ray,
+            world == 1 or self.resources.use_ray is not False,
             "resources.use_ray",
             self.resources.use_ray,
             f"true: the actor group has {world} ranks (DP x TP x PP) and only Ray workers run several",
@@ -979,6 +986,29 @@ class GRPOConfig:
                 self.model.max_positions,
                 f">= {need} (prompt + response tokens of data.task={self.data.task!r})",
             )
+
+    def ray_needs(self) -> list[str]:
+        """Why this run needs Ray workers (empty: one process can run it)."""
+        resources, train = self.resources, self.parallel.train
+        world = resources.num_actor_workers * train.model_parallel
+        needs = [
+            (world > 1, f"{world} actor ranks (DP x TP x PP)"),
+            (resources.num_reward_workers > 1, f"{resources.num_reward_workers} reward workers"),
+            (not resources.colocate, "separate workers (resources.colocate=false)"),
+            (not resources.blocking, "overlapping stages (resources.blocking=false)"),
+            (
+                resources.ray_address is not None,
+                f"a cluster address (resources.ray_address={resources.ray_address})",
+            ),
+            (bool(os.environ.get("RAY_ADDRESS")), "a cluster address (RAY_ADDRESS)"),
+        ]
+        return [why for needed, why in needs if needed]
+
+    def uses_ray(self) -> bool:
+        """Whether the workers are Ray actors: `resources.use_ray`, or when null whether the run needs Ray."""
+        if self.resources.use_ray is not None:
+            return self.resources.use_ray
+        return bool(self.ray_needs())
 
     def longest_sequence(self) -> int:
         """Most tokens one prompt + response can have under this config (what micro-batches must hold)."""

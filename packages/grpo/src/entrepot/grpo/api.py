@@ -56,10 +56,8 @@ def train(
     check_inputs(config)
     start = time.perf_counter()
     if on_startup is not None:
-        on_startup(
-            "starting Ray and loading the trainer" if config.resources.use_ray else "loading the trainer"
-        )
-    if config.resources.use_ray:  # Ray's processes boot while the trainer's modules import
+        on_startup("starting Ray and loading the trainer" if config.uses_ray() else "loading the trainer")
+    if config.uses_ray():  # Ray's processes boot while the trainer's modules import
         start_ray_while_importing(config, ["entrepot.grpo.trainer"])
     from entrepot.grpo import checkpoint as ckpt
     from entrepot.grpo.trainer import Trainer

@@ -66,7 +66,7 @@ def _check_device(config: GRPOConfig) -> None:
 def _check_cpus(config: GRPOConfig) -> None:
     """A local Ray cluster has this machine's CPUs: every worker's reserved share must fit in them."""
     resources = config.resources
-    if not resources.use_ray or resources.ray_address is not None:
+    if not config.uses_ray() or resources.ray_address is not None:
         return
     actor_ranks = resources.num_actor_workers * config.parallel.train.model_parallel
     workers = actor_ranks + resources.num_reward_workers

@@ -23,6 +23,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from entrepot.resharding.adaptors.gpt2 import gpt2_activation
+
 __all__ = [
     "GPT2RolloutEngine",
     "RolloutEngine",
@@ -124,6 +126,7 @@ class GPT2RolloutEngine:
         num_layers, num_heads, hidden, vocab, positions: the architecture (from the HF config).
         device: where weights and caches live.
         layer_norm_eps: LayerNorm epsilon of the checkpoint.
+        activation: the MLP activation, as HF GPT-2 names it (``activation_function``).
     """
 
     def __init__(
@@ -136,8 +139,10 @@ class GPT2RolloutEngine:
         positions: int,
         device: str | torch.device = "cpu",
         layer_norm_eps: float = 1e-5,
+        activation: str = "gelu_new",
     ) -> None:
         self.num_layers, self.num_heads, self.hidden = num_layers, num_heads, hidden
+        self.activation = gpt2_activation(activation)
         self.vocab, self.positions, self.eps = vocab, positions, layer_norm_eps
         self.device = torch.device(device)
         self.meta = gpt2_infer_meta(num_layers, hidden, vocab, positions)
@@ -158,6 +163,7 @@ class GPT2RolloutEngine:
             vocab=c.vocab_size,  # type: ignore[attr-defined]
             positions=c.n_positions,  # type: ignore[attr-defined]
             layer_norm_eps=c.layer_norm_epsilon,  # type: ignore[attr-defined]
+            activation=c.activation_function,  # type: ignore[attr-defined]
             device=device,
         )
 
@@ -234,7 +240,7 @@ class GPT2RolloutEngine:
             attn = attn.transpose(1, 2).reshape(b, q, self.hidden)  # [B, Q, H]
             x = x + self._linear(attn, p + "attn.c_proj")
             h = self._linear(self._layer_norm(x, p + "ln_2"), p + "mlp.c_fc")
-            x = x + self._linear(F.gelu(h, approximate="tanh"), p + "mlp.c_proj")
+            x = x + self._linear(self.activation(h), p + "mlp.c_proj")
         x = self._layer_norm(x[:, -1], "transformer.ln_f")  # [B, H]
         return F.linear(x, w["transformer.wte.weight"])  # tied LM head  # [B, V]
 

@@ -79,7 +79,7 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         configure_threads(config.threads)
-        where = "on Ray" if config.resources.use_ray else "in this process"
+        where = "on Ray" if config.uses_ray() else "in this process"
         ranks = config.resources.num_actor_workers * config.parallel.train.model_parallel
         say(f"starting {ranks} actor rank(s) + {_other_workers(config)} {where}")
         self.cluster = launch(config, str(self.run_dir))  # Ray (when used) and the dock; workers start
@@ -107,9 +107,9 @@ class Trainer:
             self.close()  # a worker that failed to start (or a bad checkpoint) leaves no workers behind
             raise
         self.startup_s = time.perf_counter() - started
-        what = "Ray and imports" if config.resources.use_ray else "imports"
+        what = "Ray and imports" if config.uses_ray() else "imports"
         before = f"{what} {here - started:.1f} s, " if here - started >= 0.05 else ""
-        if config.resources.use_ray:  # workers start in their own processes while Ray hands them over
+        if config.uses_ray():  # workers start in their own processes while Ray hands them over
             phases = f"{before}dock {launched - here:.1f} s, workers ready {ready - launched:.1f} s"
         else:
             phases = f"{before}dock and workers built {ready - here:.1f} s"

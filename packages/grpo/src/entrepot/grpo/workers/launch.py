@@ -76,7 +76,7 @@ def launch(config: GRPOConfig, run_dir: str | None = None) -> Cluster:
     train = config.parallel.train
     actor_ranks = rank_layout(resources.num_actor_workers, train.tensor, train.pipeline)
     reward_ranks = rank_layout(resources.num_reward_workers)
-    if not resources.use_ray:  # (separate workers need Ray: the config refuses colocate=false here)
+    if not config.uses_ray():  # (separate workers need Ray: the config refuses colocate=false here)
         return Cluster(
             dock=GRPODock(**dock_args),
             actors=LocalWorkerGroup(

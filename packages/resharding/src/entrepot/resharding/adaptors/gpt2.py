@@ -8,9 +8,11 @@ The LM head is tied to ``wte`` and exists in neither the training nor the infere
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import torch
+import torch.nn.functional as F
 
 from entrepot.resharding.adaptors._rules import Rule, rename
 from entrepot.resharding.adaptors.base import WeightAdaptor
@@ -20,10 +22,33 @@ from entrepot.resharding.adaptors.layouts import (
     interleave_qkv,
     interleaved_qkv_to_fused,
 )
+from entrepot.resharding.errors import UnknownArchitectureError
 
-__all__ = ["GPT2Adaptor"]
+__all__ = ["GPT2Adaptor", "gpt2_activation"]
 
 HF, TR = "transformer.h.{}.", "decoder.layers.{}."
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+# HF GPT2Config.activation_function -> the function: the three tanh GELUs are one formula (HF computes
+# "gelu_new" and "gelu_fast" in several elementwise ops, "gelu_pytorch_tanh" in one fused kernel)
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu_new": _gelu_tanh, "gelu_fast": _gelu_tanh, "gelu_pytorch_tanh": _gelu_tanh,
+    "gelu": F.gelu, "relu": F.relu, "silu": F.silu, "swish": F.silu,
+}  # fmt: skip
+
+
+def gpt2_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The MLP activation an HF GPT-2 config names (``activation_function``); unknown names are an error."""
+    try:
+        return _ACTIVATIONS[name]
+    except KeyError:
+        raise UnknownArchitectureError(
+            f"GPT-2 activation_function {name!r} is not supported; known: {', '.join(_ACTIVATIONS)}"
+        ) from None
 
 
 def _transposed(tensor: torch.Tensor) -> tuple[torch.Tensor]:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from entrepot.resharding.adaptors.gpt2 import gpt2_activation
 from entrepot.resharding.engines.megatron import require_megatron
 from entrepot.resharding.errors import UnknownArchitectureError
 
@@ -33,10 +34,6 @@ def _architecture(hf_config: Any) -> str:
             f"no megatron-core GPTModel recipe for {name!r}; known: {', '.join(MEGATRON_ARCHITECTURES)}"
         )
     return name
-
-
-def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x, approximate="tanh")
 
 
 def transformer_config(hf_config: Any, *, cpu: bool, params_dtype: torch.dtype = torch.float32,
@@ -88,7 +85,7 @@ def transformer_config(hf_config: Any, *, cpu: bool, params_dtype: torch.dtype =
             num_query_groups=heads,
             normalization="LayerNorm",
             layernorm_epsilon=hf_config.layer_norm_epsilon,
-            activation_func=_gelu_tanh,
+            activation_func=gpt2_activation(hf_config.activation_function),
             add_bias_linear=True,
             add_qkv_bias=True,
         )
