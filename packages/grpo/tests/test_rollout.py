@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from entrepot.grpo.config import ModelConfig
-from entrepot.grpo.model import build_model
+from entrepot.grpo.model import build_hf_config, build_model
 from entrepot.grpo.rollout import GPT2RolloutEngine, SamplingParams, gpt2_hf_to_infer
+from entrepot.resharding.errors import UnknownArchitectureError
 
 
 def _model_and_engine() -> tuple[torch.nn.Module, GPT2RolloutEngine]:
@@ -56,3 +58,27 @@ def test_resharding_adaptor_gives_the_same_inference_weights() -> None:
     assert sorted(via_adaptor) == sorted(direct)
     for name, tensor in direct.items():
         assert torch.equal(via_adaptor[name], tensor), name
+
+
+@pytest.mark.parametrize("activation", ["gelu", "gelu_new", "relu"])
+def test_the_engine_follows_the_checkpoints_activation(activation: str) -> None:
+    """A GPT-2 checkpoint's activation_function is what the engine computes (next-token logits agree)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    hf_config = build_hf_config(ModelConfig(init_std=0.3), 14, pad_token_id=0, eos_token_id=1)
+    hf_config.activation_function = activation
+    model = AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager").eval()
+    engine = GPT2RolloutEngine.from_hf_config(model.config)
+    engine.load_weights(gpt2_hf_to_infer(dict(model.state_dict())))
+    _, logp = engine.generate_with_logprobs([[2, 3, 4, 5]], SamplingParams(temperature=0.0, max_new_tokens=1))
+    with torch.no_grad():
+        expected = torch.log_softmax(model(input_ids=torch.tensor([[2, 3, 4, 5]])).logits[0, -1], -1).max()
+    torch.testing.assert_close(torch.as_tensor(logp[0][0]), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_an_unknown_activation_is_refused_by_name() -> None:
+    hf_config = build_hf_config(ModelConfig(), 14, pad_token_id=0, eos_token_id=1)
+    hf_config.activation_function = "gelu_10"
+    with pytest.raises(UnknownArchitectureError, match=r"activation_function 'gelu_10' is not supported"):
+        GPT2RolloutEngine.from_hf_config(hf_config)
