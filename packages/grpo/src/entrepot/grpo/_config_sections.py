@@ -786,9 +786,19 @@ class ThreadsConfig:
     omp_wait_policy: Literal["PASSIVE", "ACTIVE"] = field(
         default="PASSIVE", metadata=_doc("OMP_WAIT_POLICY set before torch loads.")
     )
+    lanes: int | None = field(
+        default=None,
+        metadata=_doc(
+            "Threads that split each log-prob and update micro-batch of the torch engine on CPU (each "
+            "runs torch_threads); null = the CPU cores this process may use, at most 2, in a one-process "
+            "run, else 1 (Ray workers share the cores)."
+        ),
+    )
 
     def __post_init__(self) -> None:
         _check(self.torch_threads >= 1, "threads.torch_threads", self.torch_threads, ">= 1")
+        if self.lanes is not None:
+            _check(self.lanes >= 1, "threads.lanes", self.lanes, ">= 1 or null")
         _check(self.interop_threads >= 1, "threads.interop_threads", self.interop_threads, ">= 1")
         _check_choice("threads.omp_wait_policy", self.omp_wait_policy, ("PASSIVE", "ACTIVE"))
 
@@ -1009,6 +1019,15 @@ class GRPOConfig:
         if self.resources.use_ray is not None:
             return self.resources.use_ray
         return bool(self.ray_needs())
+
+    def compute_lanes(self) -> int:
+        """Threads per micro-batch of the torch engine: `threads.lanes`, or when null 2 cores of a CPU
+        run in one process (1 with Ray, on an accelerator, or on a 1-core machine)."""
+        if self.threads.lanes is not None:
+            return self.threads.lanes
+        if self.engine.device != "cpu" or self.engine.train != "torch" or self.uses_ray():
+            return 1
+        return min(2, len(os.sched_getaffinity(0)))
 
     def longest_sequence(self) -> int:
         """Most tokens one prompt + response can have under this config (what micro-batches must hold)."""

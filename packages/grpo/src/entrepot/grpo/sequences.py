@@ -15,13 +15,15 @@ Legend: B rows, N = sum(p_i + r_i) tokens, R = sum(r_i) response tokens, L = max
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["PACKED_ATTENTION", "ResponseBatch", "response_logprobs", "segment_index"]
+__all__ = ["PACKED_ATTENTION", "ResponseBatch", "packed_attention", "response_logprobs", "segment_index"]
 
 PACKED_ATTENTION = "entrepot_packed"
 
@@ -155,23 +157,39 @@ def _no_mask(*args: Any, **kwargs: Any) -> None:
     return None
 
 
-def _packed_logits(model: torch.nn.Module, batch: ResponseBatch, keep: torch.Tensor) -> torch.Tensor:
-    """Logits [R, V] at flat positions `keep` of the packed row (the LM head runs on those only)."""
+@contextlib.contextmanager
+def packed_attention(model: torch.nn.Module) -> Iterator[None]:
+    """`model` (an HF module) attends with the varlen kernel inside the block; re-entering is a no-op.
+
+    The attention choice lives on the shared config, so threads running one model (`entrepot.grpo.lanes`)
+    enter this once around all of them: a per-call switch would restore it under another thread's feet.
+    """
     from transformers import AttentionInterface, AttentionMaskInterface
 
+    config: Any = model.config
+    previous = config._attn_implementation
+    if previous == PACKED_ATTENTION:
+        yield
+        return
     AttentionInterface.register(PACKED_ATTENTION, _packed_attention)
     # No [N, N] mask: the varlen kernel masks by cu_seqlens.
     AttentionMaskInterface.register(PACKED_ATTENTION, _no_mask)
+    config._attn_implementation = PACKED_ATTENTION  # only inside the block: the padded path stays eager
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous
+
+
+def _packed_logits(model: torch.nn.Module, batch: ResponseBatch, keep: torch.Tensor) -> torch.Tensor:
+    """Logits [R, V] at flat positions `keep` of the packed row (the LM head runs on those only)."""
     device = _device_of(model)
     lengths = batch.lengths  # [B]
     starts = _starts(lengths)
     position_ids = torch.arange(batch.tokens.numel()) - torch.repeat_interleave(starts, lengths)  # [N]
     cu = F.pad(torch.cumsum(lengths, 0), (1, 0)).to(device=device, dtype=torch.int32)  # [B + 1]
     max_length = int(lengths.max())
-    config: Any = model.config
-    previous = config._attn_implementation
-    config._attn_implementation = PACKED_ATTENTION  # only for this call: the padded path stays eager
-    try:
+    with packed_attention(model):
         output = model(
             input_ids=batch.tokens[None].to(device),
             attention_mask=torch.ones(1, batch.tokens.numel(), dtype=torch.int64, device=device),
@@ -182,8 +200,6 @@ def _packed_logits(model: torch.nn.Module, batch: ResponseBatch, keep: torch.Ten
             max_length_k=max_length,
             logits_to_keep=keep.to(device),
         )
-    finally:
-        config._attn_implementation = previous
     logits: torch.Tensor = output.logits[0]  # [R, V]
     return logits
 

@@ -89,6 +89,7 @@ class TorchTrainer:
         self.config, self.model, self.reference = config, model, reference
         self.optimizer, self._scheduler, self.pad_token_id = optimizer, scheduler, pad_token_id
         self.dp: DataParallel | None = None  # set by the worker once torch.distributed is up
+        self.lanes = config.compute_lanes()  # threads per micro-batch (entrepot.grpo.lanes)
         reference_params = [] if reference is None else list(reference.parameters())
         self.frozen_reference = FrozenOnDemand(reference_params, offload=config.engine.reference_offloaded)
 
@@ -98,12 +99,12 @@ class TorchTrainer:
             raise RuntimeError("reference log-probs asked for but this rank holds no reference")
         with self.reference_resident() if reference else contextlib.nullcontext():
             return compute_logprobs(model, batch, self.config.batching, pass_name,
-                                    pad_token_id=self.pad_token_id)  # fmt: skip
+                                    pad_token_id=self.pad_token_id, lanes=self.lanes)  # fmt: skip
 
     def update(self, inputs: UpdateInputs) -> dict[str, float]:
         cfg = self.config
         return ppo_update(self.model, self.optimizer, self._scheduler, inputs, cfg.algorithm, cfg.batching,
-                          dp=self.dp, pad_token_id=self.pad_token_id)  # fmt: skip
+                          dp=self.dp, pad_token_id=self.pad_token_id, lanes=self.lanes)  # fmt: skip
 
     def named_parameters(self) -> dict[str, torch.Tensor]:
         return dict(self.model.named_parameters())

@@ -11,6 +11,7 @@ Legend: B rows, R response tokens of those rows (flat, row after row).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,8 +19,9 @@ from typing import Any
 import torch
 
 from entrepot.grpo.config import AlgorithmConfig, BatchingConfig
+from entrepot.grpo.lanes import run_lanes, split_rows
 from entrepot.grpo.losses import loss_normalizer, policy_loss, token_weights
-from entrepot.grpo.sequences import ResponseBatch, response_logprobs, segment_index
+from entrepot.grpo.sequences import ResponseBatch, packed_attention, response_logprobs, segment_index
 
 __all__ = [
     "DataParallel",
@@ -85,6 +87,10 @@ def micro_batches(
     return parts + [rows[:0]] * (count - len(parts))
 
 
+def _attention(model: torch.nn.Module, packed: bool) -> contextlib.AbstractContextManager[None]:
+    return packed_attention(model) if packed else contextlib.nullcontext()
+
+
 @torch.no_grad()
 def compute_logprobs(
     model: torch.nn.Module,
@@ -93,15 +99,26 @@ def compute_logprobs(
     pass_name: str,
     *,
     pad_token_id: int = 0,
+    lanes: int = 1,
 ) -> torch.Tensor:
-    """Log-probs [R] of every response token of `batch` under `model` (CPU, row after row)."""
+    """Log-probs [R] of every response token of `batch` under `model` (CPU, row after row).
+
+    `lanes` > 1 splits each micro-batch over that many threads (`entrepot.grpo.lanes`).
+    """
     out = torch.empty(batch.num_response_tokens, dtype=torch.float32)
+    packed = config.remove_padding
+
+    def lane(rows: torch.Tensor) -> torch.Tensor:
+        return response_logprobs(model, batch.select(rows), packed=packed, pad_token_id=pad_token_id)[0]
+
     for rows in micro_batches(batch.lengths, config, pass_name):
         if rows.numel() == 0:
             continue
-        sub = batch.select(rows)
-        logp, _ = response_logprobs(model, sub, packed=config.remove_padding, pad_token_id=pad_token_id)
-        out[segment_index(batch.response_lengths, rows)] = logp.float().cpu()
+        parts = split_rows(batch.lengths, rows, lanes)
+        with _attention(model, packed):
+            logps = run_lanes(lane, parts)
+        for part, logp in zip(parts, logps, strict=True):
+            out[segment_index(batch.response_lengths, part)] = logp.float().cpu()
     return out
 
 
@@ -136,18 +153,20 @@ def ppo_update(
     *,
     dp: DataParallel | None = None,
     pad_token_id: int = 0,
+    lanes: int = 1,
 ) -> dict[str, float]:
     """PPO-clip epochs over the mini-batches, one optimiser step each; returns mean diagnostics.
 
     Each mini-batch's loss is `policy_loss` with token weights normalised over the whole (global)
     mini-batch, summed over micro-batches; with `dp` the normalizers and the gradients are summed
-    over ranks, so every rank takes the same step.
+    over ranks, so every rank takes the same step. `lanes` > 1 splits each micro-batch over that
+    many threads, their gradients summed in lane order (`entrepot.grpo.lanes`).
     """
     totals: dict[str, float] = {}
     steps = 0
     for _ in range(algo.epochs):
         for rows in inputs.mini_batches:
-            step = _mini_batch_step(model, optimizer, inputs, rows, algo, batching, dp, pad_token_id)
+            step = _mini_batch_step(model, optimizer, inputs, rows, algo, batching, dp, pad_token_id, lanes)
             scheduler.step()
             steps += 1
             for key, value in step.items():
@@ -164,6 +183,7 @@ def _mini_batch_step(
     batching: BatchingConfig,
     dp: DataParallel | None,
     pad_token_id: int,
+    lanes: int,
 ) -> dict[str, float]:
     mini = inputs.batch.select(rows)
     counts = torch.tensor([loss_normalizer(mini.response_lengths, algo.loss_agg), mini.num_response_tokens],
@@ -176,22 +196,29 @@ def _mini_batch_step(
     keys = ["pg_loss", "clip_frac", "ratio_mean", "entropy"] + (["kl"] if inputs.ref_logp is not None else [])
     sums = dict.fromkeys(keys, 0.0)
     ratio_max = 1.0
-    plan = micro_batches(mini.lengths, batching, "update", dp)
-    for micro in plan:
-        if micro.numel() == 0:
-            continue
-        picked = rows[micro]
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def lane(picked: torch.Tensor) -> tuple[Sequence[torch.Tensor | None], dict[str, float]]:
+        """Gradients and diagnostics of the rows `picked` (its share of the micro-batch's loss)."""
         sub = inputs.batch.select(picked)
         logp, entropy = response_logprobs(
             model, sub, packed=batching.remove_padding, with_entropy=True,
             entropy_grad=algo.entropy_coef > 0, pad_token_id=pad_token_id,
         )  # fmt: skip
         out = micro_batch_loss(inputs, picked, sub, logp, entropy, algo, normalizer, num_tokens)
-        out.loss.backward()
-        ratio_max = max(ratio_max, out.metrics.pop("ratio_max"))
-        for key in keys:
-            sums[key] += out.metrics[key]
-    params = [p for p in model.parameters() if p.requires_grad]
+        return torch.autograd.grad(out.loss, params, allow_unused=True), out.metrics
+
+    plan = micro_batches(mini.lengths, batching, "update", dp)
+    for micro in plan:
+        if micro.numel() == 0:
+            continue
+        with _attention(model, batching.remove_padding):
+            results = run_lanes(lane, split_rows(inputs.batch.lengths, rows[micro], lanes))
+        for grads, metrics in results:  # in lane order: the same sums on every run
+            _accumulate(params, grads)
+            ratio_max = max(ratio_max, metrics.pop("ratio_max"))
+            for key in keys:
+                sums[key] += metrics[key]
     if dp is not None:
         sums = _sum_over_ranks(params, sums, dp)
     max_norm = algo.grad_clip if algo.grad_clip is not None else float("inf")
@@ -201,6 +228,18 @@ def _mini_batch_step(
     sums["micro_batches"] = float(len(plan))  # equal on every DP rank
     optimizer.step()
     return sums
+
+
+def _accumulate(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None]) -> None:
+    """Add `grads` into the parameters' `.grad` (what `backward` does, here in an order we choose)."""
+    with torch.no_grad():
+        for param, grad in zip(params, grads, strict=True):
+            if grad is None:
+                continue
+            if param.grad is None:
+                param.grad = grad
+            else:
+                param.grad += grad
 
 
 def micro_batch_loss(

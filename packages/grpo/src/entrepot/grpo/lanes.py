@@ -1,0 +1,80 @@
+"""Split one micro-batch's forward (and backward) over CPU threads, so a small machine's cores all work.
+
+Every torch process here runs one intra-op thread (see `entrepot.grpo.threads`: spinning OpenMP
+threads made small jobs 5-10x slower), and torch releases the GIL inside each op. So two Python
+threads, each running the model on about half of a micro-batch's tokens, keep two cores busy. Results
+come back in lane order and are combined in that order (gradients: lane 0 + lane 1 + ...), so a run
+is deterministic; against one lane only the float summation order differs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import torch
+
+__all__ = ["run_lanes", "split_rows"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+_pool: ThreadPoolExecutor | None = None
+_pool_workers = 0
+_pool_lock = threading.Lock()
+
+
+def split_rows(lengths: torch.Tensor, rows: torch.Tensor, lanes: int) -> list[torch.Tensor]:
+    """`rows` cut into at most `lanes` consecutive, non-empty parts of about equal tokens.
+
+    Args:
+        lengths: int64 [B] tokens of every row of the batch.
+        rows: int64 [K] the micro-batch's rows (indexes into `lengths`), kept in this order.
+        lanes: parts wanted (>= 1).
+    """
+    if lanes <= 1 or rows.numel() < 2:
+        return [rows]
+    parts = min(lanes, rows.numel())
+    ends = torch.cumsum(lengths[rows], 0)  # [K] tokens up to and including each row
+    goals = ends[-1] * torch.arange(1, parts) / parts  # [parts - 1] token counts to cut at
+    cuts = torch.searchsorted(ends, goals).clamp(min=0, max=rows.numel() - 1) + 1
+    bounds = [0, *sorted(set(cuts.tolist())), rows.numel()]
+    return [rows[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+
+
+def _executor(workers: int) -> ThreadPoolExecutor:
+    """The process's lane threads (made once), each running torch ops with this process's thread count."""
+    global _pool, _pool_workers
+    with _pool_lock:
+        if _pool is None or _pool_workers < workers:
+            threads, _pool_workers = torch.get_num_threads(), workers
+            _pool = ThreadPoolExecutor(
+                max_workers=workers, thread_name_prefix="entrepot-lane",
+                initializer=torch.set_num_threads, initargs=(threads,),
+            )  # fmt: skip
+        return _pool
+
+
+def run_lanes(fn: Callable[[T], R], parts: Sequence[T]) -> list[R]:
+    """`fn(part)` for every part, part 0 on this thread and the rest on lane threads; results in order.
+
+    The lanes inherit this thread's grad mode (it is thread-local in torch). The first error is raised
+    here, after every lane has finished.
+    """
+    if len(parts) == 1:
+        return [fn(parts[0])]
+    grad = torch.is_grad_enabled()
+
+    def lane(part: T) -> R:
+        with torch.set_grad_enabled(grad):
+            return fn(part)
+
+    futures = [_executor(len(parts) - 1).submit(lane, part) for part in parts[1:]]
+    try:
+        first = fn(parts[0])
+    finally:
+        rest = [future.result() for future in futures]  # wait for all before anything is raised
+    return [first, *rest]

@@ -1,0 +1,73 @@
+"""Micro-batches split over threads (`threads.lanes`): the same log-probs and update as one thread."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import torch
+from test_update import ADVANTAGES, _config, _model, _rows
+
+from entrepot.grpo import load_config
+from entrepot.grpo.lanes import run_lanes, split_rows
+from entrepot.grpo.optim import build_optimizer
+from entrepot.grpo.update import UpdateInputs, compute_logprobs, ppo_update
+
+
+def test_split_rows_keeps_order_and_balances_tokens() -> None:
+    lengths = torch.tensor([40, 2, 3, 2, 10, 10, 10, 10])
+    rows = torch.tensor([7, 0, 1, 2, 3, 4, 5, 6])
+    parts = split_rows(lengths, rows, 2)
+    assert torch.cat(parts).tolist() == rows.tolist() and all(p.numel() for p in parts)
+    assert [int(lengths[p].sum()) for p in parts] == [50, 37]  # cut where the tokens cross half (43.5)
+    assert len(split_rows(lengths, rows[:1], 4)) == 1  # never an empty lane
+    assert [p.tolist() for p in split_rows(lengths, rows, 1)] == [rows.tolist()]
+    assert torch.cat(split_rows(lengths, rows, 8)).tolist() == rows.tolist()
+
+
+def test_run_lanes_uses_threads_keeps_grad_mode_and_order_and_raises() -> None:
+    def where(part: int) -> tuple[int, str, bool]:
+        return part, threading.current_thread().name, torch.is_grad_enabled()
+
+    with torch.no_grad():
+        results = run_lanes(where, [0, 1, 2])
+    assert [r[0] for r in results] == [0, 1, 2] and not any(r[2] for r in results)
+    assert results[0][1] == threading.current_thread().name and results[2][1].startswith("entrepot-lane")
+
+    def fails(part: int) -> int:
+        if part == 1:
+            raise ValueError("lane 1 failed")
+        return part
+
+    with pytest.raises(ValueError, match="lane 1 failed"):
+        run_lanes(fails, [0, 1])
+
+
+def test_two_lanes_give_the_log_probs_and_update_of_one() -> None:
+    config = _config("algorithm.kl_coef=0")
+    batch = _rows([5, 4, 6, 5, 3, 7], [40, 2, 3, 2, 9, 12])
+    ref = {lanes: compute_logprobs(_model(config), batch, config.batching, "ref_log_prob", lanes=lanes)
+           for lanes in (1, 2)}  # fmt: skip
+    torch.testing.assert_close(ref[2], ref[1], atol=1e-6, rtol=0)
+    advantages = torch.cat([ADVANTAGES, torch.tensor([0.5, -0.25])])
+    out = {}
+    for lanes in (1, 2):
+        model = _model(config)
+        optimizer, scheduler = build_optimizer(model, config.algorithm, total_steps=10)
+        inputs = UpdateInputs(batch, advantages, None, None, [torch.arange(batch.num_rows)])
+        metrics = ppo_update(
+            model, optimizer, scheduler, inputs, config.algorithm, config.batching, lanes=lanes
+        )
+        out[lanes] = ({n: p.grad.clone() for n, p in model.named_parameters()}, metrics)
+    for name, grad in out[1][0].items():
+        torch.testing.assert_close(out[2][0][name], grad, atol=1e-6, rtol=1e-5, msg=name)
+    assert out[2][1]["pg_loss"] == pytest.approx(out[1][1]["pg_loss"], abs=1e-6)
+    assert out[2][1]["micro_batches"] == out[1][1]["micro_batches"] == 1  # lanes split inside a micro-batch
+
+
+def test_lanes_default_to_two_cores_in_one_process_only() -> None:
+    cores = min(2, len(os.sched_getaffinity(0)))
+    assert load_config(None, []).compute_lanes() == cores
+    assert load_config(None, ["resources.use_ray=true"]).compute_lanes() == 1
+    assert load_config(None, ["threads.lanes=3"]).compute_lanes() == 3
