@@ -31,6 +31,10 @@ PACKAGES: dict[str, dict[str, list[str]]] = {
     "cli": {"siblings": ["batching", "dock", "resharding", "grpo"], "extras": ["test"]},
 }
 
+# What a package's benchmarks need beyond its test extras, installed by bench-<name> only: grpo's
+# vs_trl.py (bench_grpo.py --vs-trl) times the `rl` command against TRL's GRPOTrainer.
+BENCH_REQUIREMENTS: dict[str, list[str]] = {"grpo": ["trl==1.16.0", str(ROOT / "packages" / "cli")]}
+
 # Thread settings for every process that runs torch on a small shared machine (OpenMP spinning
 # made small jobs 5-10x slower here).
 TORCH_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
@@ -64,13 +68,15 @@ def _package_dir(name: str) -> str:
     return str(ROOT / "packages" / name)
 
 
-def _install_package(session: nox.Session, name: str, extras: list[str] | None = None) -> None:
-    """Install one package and its siblings from local folders, with torch pinned, in one resolve."""
+def _install_package(
+    session: nox.Session, name: str, extras: list[str] | None = None, also: list[str] | None = None
+) -> None:
+    """Install one package and its siblings from local folders (and `also`), torch pinned, in one resolve."""
     spec = PACKAGES[name]
     targets = [_package_dir(sibling) for sibling in spec["siblings"]]
     extra = f"[{','.join(extras)}]" if extras else ""
     targets.append(f"{_package_dir(name)}{extra}")
-    session.install(TORCH_SPEC, *targets)
+    session.install(TORCH_SPEC, *targets, *(also or []))
 
 
 @nox.session
@@ -118,7 +124,7 @@ def _tests(name: str) -> None:
 def _bench(name: str) -> None:
     @nox.session(name=f"bench-{name}", default=False)
     def session_fn(session: nox.Session) -> None:
-        _install_package(session, name, PACKAGES[name]["extras"])
+        _install_package(session, name, PACKAGES[name]["extras"], BENCH_REQUIREMENTS.get(name))
         benchmarks = sorted((ROOT / "packages" / name / "benchmarks").glob("bench_*.py"))
         if not benchmarks:
             session.error(f"packages/{name}/benchmarks has no bench_*.py")

@@ -9,9 +9,11 @@ into the TP1 rollout engine with checksums on: its time per step against the tor
 the reshard seconds / bytes / GB/s per step (`--no-megatron` skips it). `--vllm` adds the full
 system with vLLM generating (`engine.rollout=vllm`, run by `nox -s bench-vllm`): its seconds per
 stage next to the torch engine's, the weight load (inside reshard_to_infer) and the log-prob
-mismatch between vLLM and the trainer.
+mismatch between vLLM and the trainer. `--vs-trl` runs only the comparison with TRL's GRPOTrainer
+instead (vs_trl.py, in this folder: `rl grpo train` and TRL timed to the target accuracy, peak memory).
 
     python packages/grpo/benchmarks/bench_grpo.py [--max-steps 300] [--target 0.9] [--out DIR]
+    python packages/grpo/benchmarks/bench_grpo.py --vs-trl [--repeats 2] [--out DIR]
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))  # plain_loop.py, bench_packing.py
+sys.path.insert(0, str(Path(__file__).parent))  # plain_loop.py, bench_packing.py, vs_trl.py
+
+import vs_trl
 
 STAGES = (
     "time/reshard_to_infer",
@@ -118,10 +122,15 @@ def main() -> None:
     )
     parser.add_argument("--max-steps", type=int, default=300)
     parser.add_argument("--target", type=float, default=0.9)
-    parser.add_argument("--out", type=Path, default=None, help="write curves.json here")
+    parser.add_argument("--out", type=Path, default=None, help="write curves.json (vs_trl.json) here")
     parser.add_argument("--no-megatron", action="store_true", help="skip the megatron-core TP2 run")
     parser.add_argument("--vllm", action="store_true", help="add a run with vLLM generating")
-    args = parser.parse_args()
+    parser.add_argument("--vs-trl", action="store_true", help="only the comparison with TRL (vs_trl.py)")
+    vs_trl.add_arguments(parser)
+    args, _ = parser.parse_known_args()  # nox passes every bench_*.py the same arguments
+    if args.vs_trl:
+        vs_trl.run(args)
+        return
 
     import torch
 

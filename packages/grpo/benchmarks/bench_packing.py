@@ -62,7 +62,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    args, _ = parser.parse_known_args()  # nox passes every bench_*.py the same arguments
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(1)
     default = load_config(None, [])
