@@ -1,0 +1,270 @@
+"""Exchanges between parts that bring a partition's heaviest parts down to a target load (private).
+
+Items are addressed by position in a weight-ascending order, so "the item of part o whose weight
+is closest to x" is two C-level bisections: one over all weights (where x would sit) and one over o's
+ascending positions. A part above the target (excess e) trades with a part below it (slack s):
+
+- e <= s: any exchange moving a weight d in [e, s] fixes the heavy part without overfilling the
+  light one; the first found is taken, so a search usually stops after a few probes;
+- e > s, or no such d: the light part is filled as far as it goes (the largest d <= min(s, e - 1)
+  found, the first >= half of that taken) and the heavy part goes on to the next lightest.
+
+An item may also move alone (d = its weight) unless the item counts must stay. Where fewer than 4
+values of d are acceptable (near the end) in small parts, each is looked up exactly with set
+operations; if no one-for-one swap moves an acceptable d there, exchanges of up to two items each
+way are looked up the same way (their sums are far denser than single weights).
+
+Every exchange lowers the sum of squared loads, so the loop ends; a budget of N + 64 probes bounds
+its cost. The caller checks whether the target was reached.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right, insort
+from collections.abc import Iterable
+from itertools import islice
+
+__all__ = ["refine_to_target"]
+
+# With fewer acceptable gains than this, in heavy parts of at most _EXACT_ITEMS items, each gain is
+# looked up exactly instead of probing heavy's items one by one; pairs are exchanged only then.
+_EXACT_GAINS = 4
+_EXACT_ITEMS = 64
+# Exchanges of two items are looked up between parts of at most this many items (O(m^2) sums each),
+# with at most this many of the lightest parts.
+_PAIR_ITEMS = 48
+_PAIR_PARTNERS = 4
+# Single-item exchanges are tried with this many of the lightest parts before pairs are.
+_SINGLE_PARTNERS = 8
+
+Exchange = tuple[tuple[int, ...], tuple[int, ...]]  # positions leaving heavy, positions leaving light
+
+
+class _Swapper:
+    """Exchange search over one partition: weights by position (ascending) and positions per part."""
+
+    def __init__(self, weights: list[int], parts: list[list[int]], allow_moves: bool) -> None:
+        self.weights = weights
+        self.parts = parts
+        self.allow_moves = allow_moves
+        self.budget = len(weights) + 64  # probes left before giving up
+        self.versions = [0] * len(parts)  # bumped by every exchange: keys the subset-sum cache
+        self.sums: dict[int, tuple[int, dict[int, tuple[int, ...]]]] = {}
+
+    def heaviest_at_most(self, part: list[int], value: int) -> int:
+        """Index in ``part`` of its heaviest item weighing at most ``value`` (-1 if none)."""
+        return bisect_left(part, bisect_right(self.weights, value)) - 1
+
+    def move(self, heavy: int, low: int, high: int) -> Exchange | None:
+        """One item of heavy weighing in [low, high], the heaviest such, moving alone."""
+        part = self.parts[heavy]
+        index = self.heaviest_at_most(part, high)
+        if index >= 0 and self.weights[part[index]] >= low:
+            return (part[index],), ()
+        return None
+
+    def fix(self, heavy: int, light: int, low: int, high: int) -> Exchange | None:
+        """The first exchange found moving a weight in [low, high]."""
+        if self.allow_moves and (found := self.move(heavy, low, high)):
+            return found
+        if high - low < _EXACT_GAINS and len(self.parts[heavy]) <= _EXACT_ITEMS:
+            return self.exact(heavy, light, range(low, high + 1))
+        weights, source, target = self.weights, self.parts[heavy], self.parts[light]
+        previous = -1
+        for position in source:  # lightest items first: the densest weights
+            weight = weights[position]
+            if weight == previous or weight < low:
+                continue
+            previous = weight
+            self.budget -= 1
+            # light's heaviest item weighing at most weight - low: the smallest gain >= low
+            partner = bisect_left(target, bisect_right(weights, weight - low)) - 1
+            if partner >= 0 and weight - weights[target[partner]] <= high:
+                return (position,), (target[partner],)
+            if self.budget <= 0:
+                return None
+        return None
+
+    def fill(self, heavy: int, light: int, high: int) -> Exchange | None:
+        """An exchange moving a weight in [1, high], the largest found; the first >= high / 2 is taken."""
+        good = (high + 1) // 2
+        if self.allow_moves and (found := self.move(heavy, good, high)):
+            return found
+        if high < _EXACT_GAINS and len(self.parts[heavy]) <= _EXACT_ITEMS:
+            return self.exact(heavy, light, range(high, 0, -1))
+        weights, source, target = self.weights, self.parts[heavy], self.parts[light]
+        best: Exchange | None = None
+        best_gain = 0
+        previous = -1
+        for position in source:
+            weight = weights[position]
+            if weight == previous or weight <= 0:
+                continue
+            previous = weight
+            self.budget -= 1
+            # light's lightest item weighing at least weight - high: the largest gain <= high
+            partner = bisect_left(target, bisect_left(weights, weight - high))
+            if partner < len(target) and (gain := weight - weights[target[partner]]) > best_gain:
+                best, best_gain = ((position,), (target[partner],)), gain
+                if gain >= good:
+                    break
+            if self.budget <= 0:
+                break
+        return best
+
+    def exact(self, heavy: int, light: int, gains: range) -> Exchange | None:
+        """A one-for-one swap moving the first of ``gains`` that any such swap moves.
+
+        One C-level pass of set lookups per gain: cheaper than probing every heavy item when only
+        a few gains are acceptable, as near the end.
+        """
+        weights, source, target = self.weights, self.parts[heavy], self.parts[light]
+        heavy_weights = set(map(weights.__getitem__, source))
+        light_weights = list(map(weights.__getitem__, target))
+        for gain in gains:
+            self.budget -= 2
+            if not heavy_weights.isdisjoint(map(gain.__radd__, light_weights)):
+                partner = next(i for i, weight in enumerate(light_weights) if weight + gain in heavy_weights)
+                index = self.heaviest_at_most(source, light_weights[partner] + gain)
+                return (source[index],), (target[partner],)
+        return None
+
+    def subset_sums(self, part: int, with_empty: bool) -> dict[int, tuple[int, ...]]:
+        """Total weight -> positions, for every single item and pair of items of ``part`` (cached).
+
+        With ``with_empty``, the empty set too (weight 0: the other side's items move alone).
+        Without moves, only pairs: a pair for a pair keeps the counts (one-for-one is searched apart).
+        """
+        cached = self.sums.get(part)
+        if cached is not None and cached[0] == self.versions[part]:
+            sums = cached[1]
+        else:
+            weights, positions = self.weights, self.parts[part]
+            self.budget -= len(positions) * len(positions) // 32 + 1
+            sums = {
+                weights[p] + weights[q]: (p, q) for i, p in enumerate(positions) for q in positions[i + 1 :]
+            }
+            if self.allow_moves:
+                sums.update({weights[p]: (p,) for p in positions})
+            self.sums[part] = (self.versions[part], sums)
+        return {**sums, 0: ()} if with_empty and self.allow_moves else sums
+
+    def exchange(self, heavy: int, light: int, gains: range) -> Exchange | None:
+        """An exchange of up to two items each way moving the first of ``gains`` any such exchange moves."""
+        if max(len(self.parts[heavy]), len(self.parts[light])) > _PAIR_ITEMS:
+            return None
+        heavy_sums = self.subset_sums(heavy, with_empty=False)
+        light_sums = self.subset_sums(light, with_empty=True)
+        for gain in gains:
+            self.budget -= len(heavy_sums) // 64 + 1
+            if not light_sums.keys().isdisjoint(map(gain.__rsub__, heavy_sums)):
+                return next(
+                    (out, light_sums[total - gain])
+                    for total, out in heavy_sums.items()
+                    if total - gain in light_sums
+                )
+        return None
+
+    def find(self, heavy: int, light: int, excess: int, slack: int) -> Exchange | None:
+        """The exchange to make between ``heavy`` and ``light``, or None.
+
+        One moving a weight in [excess, slack] fixes ``heavy``; failing that, the largest found
+        that keeps ``light`` at or under the target and ``heavy`` above it.
+        """
+        if excess <= slack and (found := self.fix(heavy, light, excess, slack)):
+            return found
+        high = min(slack, excess - 1)
+        return self.fill(heavy, light, high) if high >= 1 else None
+
+    def apply(self, heavy: int, light: int, found: Exchange) -> int:
+        """Make the exchange; returns the weight that moved from ``heavy`` to ``light``."""
+        source, target = self.parts[heavy], self.parts[light]
+        self.versions[heavy] += 1
+        self.versions[light] += 1
+        leaving, coming = found
+        for position in leaving:
+            source.remove(position)
+            insort(target, position)
+        for position in coming:
+            target.remove(position)
+            insort(source, position)
+        return sum(map(self.weights.__getitem__, leaving)) - sum(map(self.weights.__getitem__, coming))
+
+
+def _one_for_one(
+    swapper: _Swapper, lights: Iterable[int], loads: list[int], heavy: int, target: int
+) -> tuple[int, Exchange] | None:
+    """(light part, exchange of single items) with the first of ``lights`` that has one, or None."""
+    excess = loads[heavy] - target
+    for light in lights:
+        slack = target - loads[light]
+        if slack <= 0 or swapper.budget <= 0:  # parts further on are no lighter
+            return None
+        if found := swapper.find(heavy, light, excess, slack):
+            return light, found
+    return None
+
+
+def _two_for_two(
+    swapper: _Swapper, lights: Iterable[int], loads: list[int], heavy: int, target: int
+) -> tuple[int, Exchange] | None:
+    """(light part, exchange of up to two items each way) fixing ``heavy`` in one go, or None."""
+    excess = loads[heavy] - target
+    for light in lights:
+        slack = target - loads[light]
+        if slack < excess or swapper.budget <= 0:
+            return None
+        gains = range(excess, min(slack, excess + _EXACT_GAINS - 1) + 1)
+        if found := swapper.exchange(heavy, light, gains):
+            return light, found
+    return None
+
+
+def _next_exchange(
+    swapper: _Swapper, keyed: list[int], loads: list[int], heavy: int, target: int
+) -> tuple[int, Exchange] | None:
+    """(light part, exchange) lowering ``heavy``, lightest parts first, or None.
+
+    Single items with the _SINGLE_PARTNERS lightest parts first; then, near the end (few gains
+    acceptable, single weights rarely differing by one of them), up to two items each way with
+    the _PAIR_PARTNERS lightest; then single items with the rest.
+    """
+    part_of = len(loads).__rmod__  # keyed entries are load * k + part
+    return (
+        _one_for_one(swapper, map(part_of, islice(keyed, _SINGLE_PARTNERS)), loads, heavy, target)
+        or _two_for_two(swapper, map(part_of, islice(keyed, _PAIR_PARTNERS)), loads, heavy, target)
+        or _one_for_one(swapper, map(part_of, islice(keyed, _SINGLE_PARTNERS, None)), loads, heavy, target)
+    )
+
+
+def refine_to_target(
+    weights: list[int], parts: list[list[int]], loads: list[int], target: int, allow_moves: bool
+) -> int:
+    """Lower every part to at most ``target`` by exchanges (it may fall short); how many were made.
+
+    Args:
+        weights: item weights in ascending order (an item is its position here).
+        parts: positions per part, ascending; updated in place.
+        loads: total per part; updated in place.
+        target: the load no part should exceed (a lower bound on the best plan's heaviest part).
+        allow_moves: whether an exchange may change item counts (False keeps them).
+    """
+    num_parts = len(loads)
+    swapper = _Swapper(weights, parts, allow_moves)
+    keyed = sorted(load * num_parts + part for part, load in enumerate(loads))  # lightest first
+    changes = 0
+    while True:
+        heavy = keyed[-1] % num_parts
+        excess = loads[heavy] - target
+        if excess <= 0:
+            return changes
+        found = _next_exchange(swapper, keyed, loads, heavy, target)
+        if found is None:
+            return changes
+        light, exchange = found
+        moved = swapper.apply(heavy, light, exchange)
+        for part, delta in ((heavy, -moved), (light, moved)):
+            keyed.remove(loads[part] * num_parts + part)
+            loads[part] += delta
+            insort(keyed, loads[part] * num_parts + part)
+        changes += 1
