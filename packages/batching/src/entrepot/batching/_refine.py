@@ -2,17 +2,20 @@
 
 Items are addressed by position in a weight-ascending order, so "the item of part o whose weight
 is closest to x" is two C-level bisections: one over all weights (where x would sit) and one over o's
-ascending positions. A part above the target (excess e) trades with a part below it (slack s):
+ascending positions. A part above the target (excess e) trades with a part below it (slack s),
+lightest first:
 
-- e <= s: any exchange moving a weight d in [e, s] fixes the heavy part without overfilling the
-  light one; the first found is taken, so a search usually stops after a few probes;
-- e > s, or no such d: the light part is filled as far as it goes (the largest d <= min(s, e - 1)
-  found, the first >= half of that taken) and the heavy part goes on to the next lightest.
+- a fix moves a weight d in [e, s]: both parts end at or under the target;
+- failing that, a fill moves the largest d <= min(s, e - 1) found (the first >= half of that is
+  taken): the light part fills up and the heavy part, still above, goes on to the next lightest.
 
-An item may also move alone (d = its weight) unless the item counts must stay. Where fewer than 4
-values of d are acceptable (near the end) in small parts, each is looked up exactly with set
-operations; if no one-for-one swap moves an acceptable d there, exchanges of up to two items each
-way are looked up the same way (their sums are far denser than single weights).
+One pass over the heavy part's items looks for both (each item's partner is the light part's
+lightest item weighing at least its weight - s). An item may also move alone unless the item
+counts must stay. In parts of at most 64 items with fewer than 4 acceptable values of d (near the
+end), each d is looked up exactly with set intersections; if no one-for-one swap fits with the 8
+lightest parts, exchanges of up to two items each way with the 4 lightest are looked up the same
+way (parts of at most 48 items; pair sums are far denser than single weights), then one-for-one
+swaps with the other parts.
 
 Every exchange lowers the sum of squared loads, so the loop ends; a budget of N + 64 probes bounds
 its cost. The caller checks whether the target was reached.
@@ -63,36 +66,16 @@ class _Swapper:
             return (part[index],), ()
         return None
 
-    def fix(self, heavy: int, light: int, low: int, high: int) -> Exchange | None:
-        """The first exchange found moving a weight in [low, high]."""
-        if self.allow_moves and (found := self.move(heavy, low, high)):
-            return found
-        if high - low < _EXACT_GAINS and len(self.parts[heavy]) <= _EXACT_ITEMS:
-            return self.exact(heavy, light, range(low, high + 1))
-        weights, source, target = self.weights, self.parts[heavy], self.parts[light]
-        previous = -1
-        for position in source:  # lightest items first: the densest weights
-            weight = weights[position]
-            if weight == previous or weight < low:
-                continue
-            previous = weight
-            self.budget -= 1
-            # light's heaviest item weighing at most weight - low: the smallest gain >= low
-            partner = bisect_left(target, bisect_right(weights, weight - low)) - 1
-            if partner >= 0 and weight - weights[target[partner]] <= high:
-                return (position,), (target[partner],)
-            if self.budget <= 0:
-                return None
-        return None
+    def probe(self, heavy: int, light: int, fix_low: int, fill_high: int, slack: int) -> Exchange | None:
+        """One pass over heavy's items (lightest first: the densest weights) for a fix, else a fill.
 
-    def fill(self, heavy: int, light: int, high: int) -> Exchange | None:
-        """An exchange moving a weight in [1, high], the largest found; the first >= high / 2 is taken."""
-        good = (high + 1) // 2
-        if self.allow_moves and (found := self.move(heavy, good, high)):
-            return found
-        if high < _EXACT_GAINS and len(self.parts[heavy]) <= _EXACT_ITEMS:
-            return self.exact(heavy, light, range(high, 0, -1))
+        Each item's partner is light's lightest item weighing at least weight - slack: the largest
+        gain <= slack that item can make. A gain >= ``fix_low`` (0: not looked for) is taken at
+        once; otherwise the largest gain <= ``fill_high`` is kept, and taken at once once it
+        reaches half of ``fill_high`` if no fix is looked for.
+        """
         weights, source, target = self.weights, self.parts[heavy], self.parts[light]
+        good = (fill_high + 1) // 2 if not fix_low else fill_high + 1
         best: Exchange | None = None
         best_gain = 0
         previous = -1
@@ -102,12 +85,15 @@ class _Swapper:
                 continue
             previous = weight
             self.budget -= 1
-            # light's lightest item weighing at least weight - high: the largest gain <= high
-            partner = bisect_left(target, bisect_left(weights, weight - high))
-            if partner < len(target) and (gain := weight - weights[target[partner]]) > best_gain:
-                best, best_gain = ((position,), (target[partner],)), gain
-                if gain >= good:
-                    break
+            partner = bisect_left(target, bisect_left(weights, weight - slack))
+            if partner < len(target):
+                gain = weight - weights[target[partner]]
+                if fix_low and gain >= fix_low:
+                    return (position,), (target[partner],)
+                if best_gain < gain <= fill_high:
+                    best, best_gain = ((position,), (target[partner],)), gain
+                    if gain >= good:
+                        break
             if self.budget <= 0:
                 break
         return best
@@ -115,17 +101,20 @@ class _Swapper:
     def exact(self, heavy: int, light: int, gains: range) -> Exchange | None:
         """A one-for-one swap moving the first of ``gains`` that any such swap moves.
 
-        One C-level pass of set lookups per gain: cheaper than probing every heavy item when only
-        a few gains are acceptable, as near the end.
+        One C-level set intersection per gain (heavy's weights with light's shifted by the gain):
+        cheaper than probing every heavy item when only a few gains are acceptable, as near the end.
         """
         weights, source, target = self.weights, self.parts[heavy], self.parts[light]
         heavy_weights = set(map(weights.__getitem__, source))
         light_weights = list(map(weights.__getitem__, target))
         for gain in gains:
             self.budget -= 2
-            if not heavy_weights.isdisjoint(map(gain.__radd__, light_weights)):
-                partner = next(i for i, weight in enumerate(light_weights) if weight + gain in heavy_weights)
-                index = self.heaviest_at_most(source, light_weights[partner] + gain)
+            if hits := heavy_weights.intersection(map(gain.__radd__, light_weights)):
+                weight = min(hits)
+                index, partner = (
+                    self.heaviest_at_most(source, weight),
+                    self.heaviest_at_most(target, weight - gain),
+                )
                 return (source[index],), (target[partner],)
         return None
 
@@ -168,27 +157,42 @@ class _Swapper:
     def find(self, heavy: int, light: int, excess: int, slack: int) -> Exchange | None:
         """The exchange to make between ``heavy`` and ``light``, or None.
 
-        One moving a weight in [excess, slack] fixes ``heavy``; failing that, the largest found
-        that keeps ``light`` at or under the target and ``heavy`` above it.
+        One moving a weight in [excess, slack] (a fix) sets ``heavy`` at or under the target;
+        failing that, a fill moves the largest weight found <= min(slack, excess - 1), which keeps
+        ``light`` at or under the target and ``heavy`` above it.
         """
-        if excess <= slack and (found := self.fix(heavy, light, excess, slack)):
+        fix_low = excess if excess <= slack else 0
+        fill_high = min(slack, excess - 1)
+        if self.allow_moves and (
+            (fix_low and (found := self.move(heavy, excess, slack)))
+            or (fill_high >= 1 and (found := self.move(heavy, (fill_high + 1) // 2, fill_high)))
+        ):
             return found
-        high = min(slack, excess - 1)
-        return self.fill(heavy, light, high) if high >= 1 else None
+        if len(self.parts[heavy]) <= _EXACT_ITEMS:  # few gains acceptable: look each up exactly
+            if fix_low and slack - excess < _EXACT_GAINS:
+                if found := self.exact(heavy, light, range(excess, slack + 1)):
+                    return found
+                fix_low = 0
+            if not fix_low and fill_high < _EXACT_GAINS:
+                return self.exact(heavy, light, range(fill_high, 0, -1))
+        return self.probe(heavy, light, fix_low, fill_high, slack)
 
     def apply(self, heavy: int, light: int, found: Exchange) -> int:
         """Make the exchange; returns the weight that moved from ``heavy`` to ``light``."""
-        source, target = self.parts[heavy], self.parts[light]
+        weights, source, target = self.weights, self.parts[heavy], self.parts[light]
         self.versions[heavy] += 1
         self.versions[light] += 1
         leaving, coming = found
+        moved = 0
         for position in leaving:
             source.remove(position)
             insort(target, position)
+            moved += weights[position]
         for position in coming:
             target.remove(position)
             insort(source, position)
-        return sum(map(self.weights.__getitem__, leaving)) - sum(map(self.weights.__getitem__, coming))
+            moved -= weights[position]
+        return moved
 
 
 def _one_for_one(
