@@ -14,8 +14,8 @@ lightest item weighing at least its weight - s). An item may also move alone unl
 counts must stay. In parts of at most 64 items with fewer than 4 acceptable values of d (near the
 end), each d is looked up exactly with set intersections; if no one-for-one swap fits with the 8
 lightest parts, exchanges of up to two items each way with the 4 lightest are looked up the same
-way (parts of at most 48 items; pair sums are far denser than single weights), then one-for-one
-swaps with the other parts.
+way (among each part's 16 lightest items; pair sums are far denser than single weights), then
+one-for-one swaps with the other parts.
 
 Every exchange lowers the sum of squared loads, so the loop ends; a budget of N + 64 probes bounds
 its cost. The caller checks whether the target was reached.
@@ -33,9 +33,9 @@ __all__ = ["refine_to_target"]
 # looked up exactly instead of probing heavy's items one by one; pairs are exchanged only then.
 _EXACT_GAINS = 4
 _EXACT_ITEMS = 64
-# Exchanges of two items are looked up between parts of at most this many items (O(m^2) sums each),
+# Exchanges of two items are looked up among this many of each part's lightest items (O(m^2) sums),
 # with at most this many of the lightest parts.
-_PAIR_ITEMS = 48
+_PAIR_ITEMS = 16
 _PAIR_PARTNERS = 4
 # Single-item exchanges are tried with this many of the lightest parts before pairs are.
 _SINGLE_PARTNERS = 8
@@ -51,8 +51,10 @@ class _Swapper:
         self.parts = parts
         self.allow_moves = allow_moves
         self.budget = len(weights) + 64  # probes left before giving up
-        self.versions = [0] * len(parts)  # bumped by every exchange: keys the subset-sum cache
+        self.versions = [0] * len(parts)  # bumped by every exchange: keys the caches below
         self.sums: dict[int, tuple[int, dict[int, tuple[int, ...]]]] = {}
+        self.sets: dict[int, tuple[int, set[int]]] = {}
+        self.lists: dict[int, tuple[int, list[int]]] = {}
 
     def heaviest_at_most(self, part: list[int], value: int) -> int:
         """Index in ``part`` of its heaviest item weighing at most ``value`` (-1 if none)."""
@@ -104,9 +106,8 @@ class _Swapper:
         One C-level set intersection per gain (heavy's weights with light's shifted by the gain):
         cheaper than probing every heavy item when only a few gains are acceptable, as near the end.
         """
-        weights, source, target = self.weights, self.parts[heavy], self.parts[light]
-        heavy_weights = set(map(weights.__getitem__, source))
-        light_weights = list(map(weights.__getitem__, target))
+        source, target = self.parts[heavy], self.parts[light]
+        heavy_weights, light_weights = self.weight_set(heavy), self.weight_list(light)
         for gain in gains:
             self.budget -= 2
             if hits := heavy_weights.intersection(map(gain.__radd__, light_weights)):
@@ -118,32 +119,49 @@ class _Swapper:
                 return (source[index],), (target[partner],)
         return None
 
-    def subset_sums(self, part: int, with_empty: bool) -> dict[int, tuple[int, ...]]:
-        """Total weight -> positions, for every single item and pair of items of ``part`` (cached).
+    def weight_set(self, part: int) -> set[int]:
+        """The distinct weights of ``part`` (cached until the part changes)."""
+        cached = self.sets.get(part)
+        if cached is None or cached[0] != self.versions[part]:
+            cached = self.sets[part] = (
+                self.versions[part],
+                set(map(self.weights.__getitem__, self.parts[part])),
+            )
+        return cached[1]
 
-        With ``with_empty``, the empty set too (weight 0: the other side's items move alone).
-        Without moves, only pairs: a pair for a pair keeps the counts (one-for-one is searched apart).
+    def weight_list(self, part: int) -> list[int]:
+        """The weights of ``part``'s items in order (cached until the part changes)."""
+        cached = self.lists.get(part)
+        if cached is None or cached[0] != self.versions[part]:
+            cached = self.lists[part] = (
+                self.versions[part],
+                list(map(self.weights.__getitem__, self.parts[part])),
+            )
+        return cached[1]
+
+    def subset_sums(self, part: int) -> dict[int, tuple[int, ...]]:
+        """Total weight -> positions, for every pair (and, with moves, every single item) among the
+        _PAIR_ITEMS lightest items of ``part`` (cached until the part changes).
+
+        The lightest items have the densest weights, so their sums cover small gains best. Without
+        moves, only pairs: a pair for a pair keeps the counts (one-for-one is searched apart).
         """
         cached = self.sums.get(part)
         if cached is not None and cached[0] == self.versions[part]:
-            sums = cached[1]
-        else:
-            weights, positions = self.weights, self.parts[part]
-            self.budget -= len(positions) * len(positions) // 32 + 1
-            sums = {
-                weights[p] + weights[q]: (p, q) for i, p in enumerate(positions) for q in positions[i + 1 :]
-            }
-            if self.allow_moves:
-                sums.update({weights[p]: (p,) for p in positions})
-            self.sums[part] = (self.versions[part], sums)
-        return {**sums, 0: ()} if with_empty and self.allow_moves else sums
+            return cached[1]
+        weights, positions = self.weights, self.parts[part][:_PAIR_ITEMS]
+        self.budget -= len(positions) * len(positions) // 32 + 1
+        sums: dict[int, tuple[int, ...]] = {
+            weights[p] + weights[q]: (p, q) for i, p in enumerate(positions) for q in positions[i + 1 :]
+        }
+        if self.allow_moves:
+            sums.update({weights[p]: (p,) for p in positions})
+        self.sums[part] = (self.versions[part], sums)
+        return sums
 
     def exchange(self, heavy: int, light: int, gains: range) -> Exchange | None:
         """An exchange of up to two items each way moving the first of ``gains`` any such exchange moves."""
-        if max(len(self.parts[heavy]), len(self.parts[light])) > _PAIR_ITEMS:
-            return None
-        heavy_sums = self.subset_sums(heavy, with_empty=False)
-        light_sums = self.subset_sums(light, with_empty=True)
+        heavy_sums, light_sums = self.subset_sums(heavy), self.subset_sums(light)
         for gain in gains:
             self.budget -= len(heavy_sums) // 64 + 1
             if not light_sums.keys().isdisjoint(map(gain.__rsub__, heavy_sums)):
@@ -152,6 +170,8 @@ class _Swapper:
                     for total, out in heavy_sums.items()
                     if total - gain in light_sums
                 )
+            if self.allow_moves and gain in heavy_sums:  # heavy's items move alone
+                return heavy_sums[gain], ()
         return None
 
     def find(self, heavy: int, light: int, excess: int, slack: int) -> Exchange | None:
