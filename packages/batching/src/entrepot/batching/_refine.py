@@ -17,8 +17,9 @@ lightest parts, exchanges of up to two items each way with the 4 lightest are lo
 way (among each part's 16 lightest items; pair sums are far denser than single weights), then
 one-for-one swaps with the other parts.
 
-Every exchange lowers the sum of squared loads, so the loop ends; a budget of N + 64 probes bounds
-its cost. The caller checks whether the target was reached.
+Every exchange lowers the sum of squared loads, so the loop ends; a budget of N / 2 + 64 probes bounds
+its cost (runs that reach the target use well under half of it). The caller checks whether the target
+was reached.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class _Swapper:
         self.weights = weights
         self.parts = parts
         self.allow_moves = allow_moves
-        self.budget = len(weights) + 64  # probes left before giving up
+        self.budget = len(weights) // 2 + 64  # probes left before giving up
         self.versions = [0] * len(parts)  # bumped by every exchange: keys the caches below
         self.sums: dict[int, tuple[int, dict[int, tuple[int, ...]]]] = {}
         self.sets: dict[int, tuple[int, set[int]]] = {}
