@@ -316,16 +316,21 @@ HEAP_SIZES = [1024, 4096, 16384]
 HEAP_RANKS = [8, 32]
 
 
-def median_times(
+def median_cpu_times(
     first: Callable[[], object], second: Callable[[], object], rounds: int
 ) -> tuple[float, float]:
-    """Median wall times of ``first`` and ``second`` run alternately (shared-machine noise hits both)."""
+    """Median CPU times of ``first`` and ``second``, run alternately.
+
+    CPU time (``time.process_time``), not wall time: on a shared machine a run that loses the core
+    to another process for a few milliseconds would count them; interleaving spreads what is left
+    (caches, clock frequency) over both.
+    """
     times: tuple[list[float], list[float]] = ([], [])
     for _ in range(rounds):
         for fn, bucket in ((first, times[0]), (second, times[1])):
-            start = time.perf_counter()
+            start = time.process_time()
             fn()
-            bucket.append(time.perf_counter() - start)
+            bucket.append(time.process_time() - start)
     return statistics.median(times[0]), statistics.median(times[1])
 
 
@@ -337,7 +342,7 @@ def bench_dp_vs_heap(summary: dict[str, list[float]]) -> None:
             for ranks in HEAP_RANKS:
                 plan = balance_across_ranks(lengths, ranks)
                 heap_imb = imbalance(sums(heap_lpt(lengths, ranks), lengths))
-                ours_s, heap_s = median_times(
+                ours_s, heap_s = median_cpu_times(
                     lambda: balance_across_ranks(lengths, ranks),  # noqa: B023
                     lambda: heap_lpt(lengths, ranks),  # noqa: B023
                     rounds=max(7, 40_000 // num),
@@ -358,7 +363,7 @@ def bench_dp_vs_heap(summary: dict[str, list[float]]) -> None:
                     ]
                 )
     table(
-        "DP balance: ours vs the heap partitioner (heapq LPT of MindSpeed-RL / verl), median wall time",
+        "DP balance: ours vs the heap partitioner (heapq LPT of MindSpeed-RL / verl), median CPU time",
         ["dist", "N", "ranks", "ours ms", "heap ms", "heap/ours time", "ours imb", "heap imb", "ours method"],
         rows,
     )
