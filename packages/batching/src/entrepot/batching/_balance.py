@@ -1,10 +1,11 @@
 """DP balance: spread sequences (or whole prompt groups) over data-parallel ranks by token count.
 
-Sorted greedy (LPT, the heap partitioner of verl / MindSpeed-RL) runs first, then pairwise swaps
-lower its heaviest ranks towards the lower bound max(ceil(total / k), heaviest group), below
-which no plan can go. A plan at the bound is optimal and returned at once; otherwise
-Karmarkar-Karp runs too and the plan with the lighter heaviest rank wins (ties keep LPT's).
-Cost: O(N log N); the swaps cost O(N) probes at most and usually a few dozen.
+Sorted greedy (LPT, the heap partitioner of verl / MindSpeed-RL) runs first, then exchanges
+between ranks (``_refine``) lower its heaviest ranks towards the lower bound max(ceil(total / k),
+heaviest group), below which no plan can go. A plan at the bound is optimal and returned at once;
+otherwise Karmarkar-Karp runs too and the plan with the lighter heaviest rank wins (a tie keeps
+the LPT-based one). Cost: O(N log N); the exchanges cost at most N / 2 + 64 probes, usually a few
+per rank.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ class RankPlan:
     Attributes:
         ranks: row indices per rank, ascending inside each rank.
         token_counts: tokens per rank.
-        method: how the kept plan was made: ``"greedy_lpt"`` (LPT alone, already at the lower
-            bound), ``"greedy_lpt_swaps"`` (LPT then swaps between ranks) or ``"karmarkar_karp"``.
+        method: the plan kept: ``"greedy_lpt"`` (LPT's as is), ``"greedy_lpt_swaps"`` (LPT then
+            exchanges between ranks) or ``"karmarkar_karp"``.
     """
 
     ranks: list[list[int]]
