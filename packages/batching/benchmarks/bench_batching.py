@@ -12,6 +12,10 @@ Baselines (written here from their published descriptions):
   heap ordered by spread, and merging two states adds partition i of one to partition k-1-i of
   the other and re-sorts all k partitions: O(N k) sets, O(N k log k) time. For micro-batching it
   is called with k = ceil(total / budget), which can overflow the budget.
+- ``heap_lpt``: the heapq greedy partition of MindSpeed-RL (``heapq_partition``) and verl: items
+  sorted by (length, index) descending, a heap of [load, count, rank, items] lists, each item
+  popped onto the lightest rank (ties: fewer items, then lower rank), then each rank's indices
+  sorted. It is LPT, the plan ``greedy_lpt`` returns, written the way those projects write it.
 
 Python's cyclic GC is paused while either Karmarkar-Karp runs (entrepot.batching pauses it
 internally), so the comparison is algorithm against algorithm.
@@ -19,7 +23,8 @@ internally), so the comparison is algorithm against algorithm.
 Packed attention (forward + backward, float32, one thread) is timed against the former portable
 path, one ``scaled_dot_product_attention`` per sequence (kept as ``_sdpa_per_sequence``), and
 against padded attention: one SDPA call with ``is_causal`` over [B, H, L, D] padded to the longest.
-``--only attention`` runs that section alone (about 15 s).
+``--only attention`` runs that section alone (about 15 s); ``--only heap`` runs DP balance against
+the heap partitioner alone (about 10 s).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import heapq
 import itertools
 import math
 import random
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -129,6 +135,19 @@ def classic_karmarkar_karp(lengths: Sequence[int], k: int, equal_size: bool = Fa
         first.merge(second)
         heapq.heappush(states, first)
     return [sorted(part) for part in states[0].sets] if states else [[] for _ in range(k)]
+
+
+def heap_lpt(lengths: Sequence[int], k: int) -> list[list[int]]:
+    """The heapq greedy partition (MindSpeed-RL / verl): each item, longest first, to the lightest rank."""
+    ranks: list[list] = [[0, 0, rank, []] for rank in range(k)]  # [load, count, rank, indices]
+    heapq.heapify(ranks)
+    for length, index in sorted(((length, index) for index, length in enumerate(lengths)), reverse=True):
+        lightest = heapq.heappop(ranks)
+        lightest[0] += length
+        lightest[1] += 1
+        lightest[3].append(index)
+        heapq.heappush(ranks, lightest)
+    return [sorted(indices) for _, _, _, indices in sorted(ranks, key=lambda entry: entry[2])]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,11 +305,84 @@ def bench_dp_balance(summary: dict[str, list[float]]) -> None:
                     ]
                 )
     table(
-        "DP balance: ours (better of KK / LPT) vs in-order split vs classic KK",
+        "DP balance: ours (LPT + exchanges, KK when short of the bound) vs in-order split vs classic KK",
         ["dist", "N", "ranks", "group", "ours imb", "ours method", "ours ms", "split imb", "KK imb", "KK ms",
          "KK/ours time"],
         rows,
     )  # fmt: skip
+
+
+HEAP_SIZES = [1024, 4096, 16384]
+HEAP_RANKS = [8, 32]
+
+
+def median_cpu_times(
+    first: Callable[[], object], second: Callable[[], object], rounds: int
+) -> tuple[float, float]:
+    """Median CPU times of ``first`` and ``second``, run alternately.
+
+    CPU time (``time.process_time``), not wall time: on a shared machine a run that loses the core
+    to another process for a few milliseconds would count them; interleaving spreads what is left
+    (caches, clock frequency) over both.
+    """
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(rounds):
+        for fn, bucket in ((first, times[0]), (second, times[1])):
+            start = time.process_time()
+            fn()
+            bucket.append(time.process_time() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def bench_dp_vs_heap(summary: dict[str, list[float]]) -> None:
+    rows = []
+    for dist_name, make in DISTRIBUTIONS.items():
+        for num in HEAP_SIZES:
+            lengths = make(num, random.Random(num + 2))
+            for ranks in HEAP_RANKS:
+                plan = balance_across_ranks(lengths, ranks)
+                heap_imb = imbalance(sums(heap_lpt(lengths, ranks), lengths))
+                ours_s, heap_s = median_cpu_times(
+                    lambda: balance_across_ranks(lengths, ranks),  # noqa: B023
+                    lambda: heap_lpt(lengths, ranks),  # noqa: B023
+                    rounds=max(7, 40_000 // num),
+                )
+                summary["heap_speedup"].append(heap_s / ours_s)
+                summary["heap_imbalance_gap"].append(plan.imbalance - heap_imb)
+                rows.append(
+                    [
+                        dist_name,
+                        str(num),
+                        str(ranks),
+                        ms(ours_s),
+                        ms(heap_s),
+                        f"{heap_s / ours_s:.2f}",
+                        f"{plan.imbalance:.2e}",
+                        f"{heap_imb:.2e}",
+                        plan.method,
+                    ]
+                )
+    table(
+        "DP balance: ours vs the heap partitioner (heapq LPT of MindSpeed-RL / verl), median CPU time",
+        ["dist", "N", "ranks", "ours ms", "heap ms", "heap/ours time", "ours imb", "heap imb", "ours method"],
+        rows,
+    )
+
+
+def heap_checks(summary: dict[str, list[float]]) -> list[tuple[str, bool, str]]:
+    speedups, gaps = summary["heap_speedup"], summary["heap_imbalance_gap"]
+    return [
+        (
+            "DP balance at least as fast as the heap partitioner (every row)",
+            min(speedups) >= 1.0,
+            "heap/ours " + ", ".join(f"{r:.2f}" for r in speedups),
+        ),
+        (
+            "DP balance imbalance <= the heap partitioner's (every row)",
+            max(gaps) <= 1e-12,
+            f"worst ours-heap {max(gaps):+.2e}",
+        ),
+    ]
 
 
 def gbps(num_bytes: int, seconds: float) -> float:
@@ -444,7 +536,7 @@ def bench_packed_attention(summary: dict[str, list[float]]) -> None:
     )
 
 
-SECTIONS = ["micro", "dp", "pad", "attention"]
+SECTIONS = ["micro", "dp", "heap", "pad", "attention"]
 
 
 def planning_checks(summary: dict[str, list[float]]) -> list[tuple[str, bool, str]]:
@@ -502,19 +594,21 @@ def attention_checks(summary: dict[str, list[float]]) -> list[tuple[str, bool, s
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=SECTIONS, action="append", help="run only these sections")
-    sections = parser.parse_args().only or SECTIONS
+    sections = parser.parse_known_args()[0].only or SECTIONS  # nox passes its posargs along
     torch.set_num_threads(1)
     summary: dict[str, list[float]] = {
         key: []
         for key in [
             "count_ratio", "our_violations", "kk_violations", "imbalance_vs_kk", "speedup_micro",
             "speedup_dp", "dp_imbalance_vs_kk", "copy_vs_clone", "attention_vs_loop", "attention_vs_padded",
+            "heap_speedup", "heap_imbalance_gap",
         ]
     }  # fmt: skip
     start = time.perf_counter()
     runners: dict[str, Callable[[], None]] = {
         "micro": lambda: bench_micro_batches(summary),
         "dp": lambda: bench_dp_balance(summary),
+        "heap": lambda: bench_dp_vs_heap(summary),
         "pad": lambda: bench_pad_pack(summary),
         "attention": lambda: bench_packed_attention(summary),
     }
@@ -526,6 +620,8 @@ def main() -> None:
     checks = []
     if {"micro", "dp", "pad"} <= set(sections):
         checks += planning_checks(summary)
+    if "heap" in sections:
+        checks += heap_checks(summary)
     if "attention" in sections:
         checks += attention_checks(summary)
     print("\n### Targets\n")

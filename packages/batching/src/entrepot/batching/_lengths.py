@@ -27,15 +27,21 @@ def as_length_list(lengths: LengthsLike, name: str = "lengths") -> list[int]:
         values: list[int] = lengths.tolist()
     else:
         values = list(lengths)
-        for index, value in enumerate(values):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise InvalidLengthError(
-                    f"{name}[{index}] = {value!r} is not an int; lengths must be non-negative ints"
-                )
+        if not set(map(type, values)) <= {int}:  # plain ints pass in one C-level pass
+            _check_ints(values, name)
     if values and min(values) < 0:
         index = min(range(len(values)), key=values.__getitem__)
         raise InvalidLengthError(f"{name}[{index}] = {values[index]} is negative; lengths must be >= 0")
     return values
+
+
+def _check_ints(values: Sequence[object], name: str) -> None:
+    """Raise for the first value that is not an int (bools are refused; int subclasses pass)."""
+    for index, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidLengthError(
+                f"{name}[{index}] = {value!r} is not an int; lengths must be non-negative ints"
+            )
 
 
 def as_length_tensor(lengths: LengthsLike, name: str = "lengths") -> Tensor:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from entrepot.batching._errors import InvalidArgumentError
 from entrepot.batching._lengths import LengthsLike, as_length_list, gc_paused
 
-__all__ = ["greedy_lpt", "karmarkar_karp", "part_sums"]
+__all__ = ["greedy_lpt", "karmarkar_karp", "part_sums", "sorted_lpt"]
 
 # Above this many new parts a merge re-sorts the whole state instead of inserting one by one.
 _INSERT_LIMIT = 2
@@ -180,9 +180,40 @@ def greedy_lpt(weights: LengthsLike, num_parts: int, equal_count: bool = False) 
 
 
 def _greedy_lpt(weights: Sequence[int], num_parts: int, equal_count: bool) -> list[list[int]]:
-    parts = _lpt(weights, num_parts, equal_count=equal_count)
-    assert parts is not None  # without a token cap every item fits somewhere
-    return parts
+    if not equal_count:
+        order, _, parts, _ = sorted_lpt(weights, num_parts)
+        return [sorted(map(order.__getitem__, positions)) for positions in parts]
+    lpt_parts = _lpt(weights, num_parts, equal_count=True)
+    assert lpt_parts is not None  # without a token cap every item fits somewhere
+    return lpt_parts
+
+
+def sorted_lpt(
+    weights: Sequence[int], num_parts: int
+) -> tuple[list[int], list[int], list[list[int]], list[int]]:
+    """Unconstrained LPT, the same plan as ``_lpt`` without caps, at a fraction of its Python cost.
+
+    Returns ``(order, ordered, parts, loads)``: ``order`` lists the items by ascending weight (ties
+    by descending index: LPT walks it backwards), ``ordered`` their weights; ``parts[r]`` holds the
+    positions in ``order`` of part r's items, ascending; ``loads[r]`` is part r's total. The heap
+    holds one int per part, ``load * k + part`` (ties go to the lower part, as with ``(load, part)``
+    tuples), so each item costs one ``heapreplace`` and one append: no tuples, no second heap call.
+    """
+    order = sorted(range(len(weights)), key=weights.__getitem__, reverse=True)[::-1]
+    ordered = [weights[i] for i in order]
+    heap = list(range(num_parts))  # already a heap: every load is 0
+    parts: list[list[int]] = [[] for _ in range(num_parts)]
+    appends = [part.append for part in parts]
+    replace = heapq.heapreplace
+    for position in range(len(order) - 1, -1, -1):  # heaviest first
+        # heap[0] is read before heapreplace pops it: the popped part gets load + weight back.
+        appends[replace(heap, heap[0] + ordered[position] * num_parts) % num_parts](position)
+    for part in parts:
+        part.reverse()
+    loads = [0] * num_parts
+    for entry in heap:
+        loads[entry % num_parts] = entry // num_parts
+    return order, ordered, parts, loads
 
 
 def _lpt(
