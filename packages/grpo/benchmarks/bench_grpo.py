@@ -13,7 +13,7 @@ mismatch between vLLM and the trainer. `--vs-trl` runs only the comparison with 
 instead (vs_trl.py, in this folder: `rl grpo train` and TRL timed to the target accuracy, peak memory).
 
     python packages/grpo/benchmarks/bench_grpo.py [--max-steps 300] [--target 0.9] [--out DIR]
-    python packages/grpo/benchmarks/bench_grpo.py --vs-trl [--repeats 2] [--out DIR]
+    python packages/grpo/benchmarks/bench_grpo.py --vs-trl [--repeats 3] [--out DIR]
 """
 
 from __future__ import annotations

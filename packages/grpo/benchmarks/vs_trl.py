@@ -2,9 +2,9 @@
 
 Both sides train the embedded default (reverse 8 digits, 32 prompts x 8 samples a step, KL 0.04 to
 the reference) from identical initial weights, each in a subprocess of its own, interleaved
-(ours, TRL 1 thread, TRL 2 threads, ours, ... `--repeats` rounds). Ours uses both cores its own way
-(`threads.lanes`), so TRL runs with each torch thread count of `--trl-threads` and the ratio is taken
-against its fastest:
+(ours, TRL 1 thread, TRL 2 threads, then the next round; round r runs seed r on every side, and
+the ratio is of the medians over rounds). Ours uses both cores its own way (`threads.lanes`), so TRL
+runs with each torch thread count of `--trl-threads` and the ratio is taken against its fastest:
 
 - ours: the real command, ``rl grpo train -q -o TMP eval.target_accuracy=T``: no task arguments,
   the target only makes `Trainer.fit` stop after the step whose eval reaches it.
@@ -34,7 +34,7 @@ Memory: on the same ticks the driver sums RSS over the child and all its descend
 raylet and workers when ours runs on Ray), refreshing the process list every 0.5 s; every 1 s it
 also sums PSS and USS (smaps_rollup, where pages shared between processes count once).
 
-    python packages/grpo/benchmarks/bench_grpo.py --vs-trl [--repeats 2] [--out DIR]
+    python packages/grpo/benchmarks/bench_grpo.py --vs-trl [--repeats 3] [--out DIR]
 """
 
 from __future__ import annotations
@@ -472,6 +472,7 @@ def _rl_command() -> str:
 def run_ours(config: GRPOConfig, target: float, work: Path, timeout_s: float) -> Run:
     """`rl grpo train` with no task arguments, stopping at `target`, its run directory under `work`."""
     cmd = [_rl_command(), "grpo", "train", "-q", "-o", str(work), f"eval.target_accuracy={target}"]
+    cmd += [] if config.seed == 0 else ["--seed", str(config.seed)]  # seed 0: no arguments at all
     reader = _LineReader(work, f"*/{config.logging.metrics_file}")
     return watch("ours", cmd, _child_env(config), reader, work / "ours.log", timeout_s)
 
@@ -582,6 +583,7 @@ def _fmt(value: Any, spec: str = ".1f") -> str:
 
 COLUMNS = (
     ("run", 8, "", "side"),
+    ("seed", 5, "d", "seed"),
     ("s/step", 8, ".3f", "s_per_step"),
     ("start", 7, ".1f", "start_s"),
     ("step 1", 8, ".1f", "first_step_s"),
@@ -623,8 +625,12 @@ def print_ratio(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     ours, trl = medians.get("ours"), trl_sides.get(best) if best else None
     ratio = ours / trl if ours and trl else None
     each = ", ".join(f"{side} {_fmt(t)} s" for side, t in medians.items())
-    print(f"\ntime to accuracy, median: {each}; ours / {best} (TRL's fastest) = {_fmt(ratio, '.2f')} "
-          f"(target <= 0.5)")  # fmt: skip
+    print(f"\ntime to accuracy, median over seeds: {each}; ours / {best} (TRL's fastest) = "
+          f"{_fmt(ratio, '.2f')} (target <= 0.5)")  # fmt: skip
+    for key, what in (("steps_to_target", "steps to the target"), ("s_per_step", "s/step")):
+        per_side = {side: _median([r[key] for r in rows if r["side"] == side and r[key] is not None])
+                    for side in medians}  # fmt: skip
+        print(f"{what}, median: " + ", ".join(f"{side} {_fmt(v, '.3g')}" for side, v in per_side.items()))
     return {**medians, "ratio": ratio, "trl_baseline": best}  # type: ignore[dict-item]
 
 
@@ -660,7 +666,8 @@ def _memory_line(rows: list[dict[str, Any]]) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of the TRL comparison (bench_grpo.py --vs-trl shares --target and --out)."""
-    parser.add_argument("--repeats", type=int, default=2, help="pairs of runs (ours, TRL), interleaved")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="rounds (ours, then TRL at each thread count), round r with seed r")  # fmt: skip
     parser.add_argument("--trl-max-steps", type=int, default=400, help="TRL's cap when it misses the target")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run before it is killed")
     parser.add_argument("--trl-threads", default="1,2",
@@ -671,22 +678,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Interleaved runs of both sides; prints the table, the ratio and the curves; returns the results."""
     from entrepot.grpo import load_config
 
-    config = load_config(None, [])  # what `rl grpo train` runs with no arguments
     load = {"start": os.getloadavg()}
     rows = []
     with tempfile.TemporaryDirectory(prefix="vs-trl-") as tmp:
         root = Path(tmp)
-        save_initial_model(config, root / "model")
         sides = ["ours", *(_trl_side(int(t)) for t in str(args.trl_threads).split(","))]
         for repeat in range(args.repeats):
+            # round r: seed r (weights, data order, sampling) on every side; seed 0 is `rl grpo train`
+            # with no arguments. Steps to the target vary with the seed (130-200 here), so rounds do
+            config = load_config(None, [f"seed={repeat}"])
+            save_initial_model(config, root / f"model-{repeat}")
             for side in sides:
                 work = root / f"{side.replace(' ', '-')}-{repeat}"
                 work.mkdir()
-                result = _run_side(side, config, args, root / "model", work)
+                result = _run_side(side, config, args, root / f"model-{repeat}", work)
                 if result.returncode:
                     print(f"{side} run {repeat + 1} exited with {result.returncode}:\n{result.log_tail}")
-                rows.append(summarize(result, args.target, config.eval.every))
-                print(f"done: {side} #{repeat + 1} ({result.wall_s:.0f} s)", flush=True)
+                rows.append({**summarize(result, args.target, config.eval.every), "seed": repeat})
+                print(f"done: {side} seed {repeat} ({result.wall_s:.0f} s)", flush=True)
     load["end"] = os.getloadavg()
     print(f"\nload average (1, 5, 15 min): start {load['start']}, end {load['end']}")
     print_table(rows, args.target)
