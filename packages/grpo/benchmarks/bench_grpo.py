@@ -2,9 +2,10 @@
 
 All runs train the same config (reverse 8 digits, ~100k-param GPT-2, 32 prompts x 8 samples,
 KL 0.04 to the reference) with the same policy and update code. The plain loop (plain_loop.py, in
-this folder) keeps everything in one process; the full system adds the dock, the Ray worker
-groups (actor, reward) and their calls. The ratio of their time per step is the overhead of that
-machinery. The third run trains with megatron-core at TP2 (two gloo ranks), resharded every step
+this folder) keeps everything in one process; the full system adds the dock and the worker groups
+(actor, reward) and their calls, run twice: in one process (the default) and as Ray workers
+(`resources.use_ray=true`). The ratio of their time per step to the plain loop's is the overhead of
+that machinery. The third run trains with megatron-core at TP2 (two gloo ranks), resharded every step
 into the TP1 rollout engine with checksums on: its time per step against the torch engine's, and
 the reshard seconds / bytes / GB/s per step (`--no-megatron` skips it). `--vllm` adds the full
 system with vLLM generating (`engine.rollout=vllm`, run by `nox -s bench-vllm`): its seconds per
@@ -141,7 +142,9 @@ def main() -> None:
     config = load_config(None, overrides)
     runs = {"plain loop": run_plain(config)}
     with tempfile.TemporaryDirectory() as tmp:
-        runs["full system"] = run_full(config, Path(tmp) / "run")
+        runs["one process"] = run_full(config, Path(tmp) / "run")  # the default (resources.use_ray: null)
+        ray = load_config(None, [*overrides, "resources.use_ray=true"])
+        runs["Ray workers"] = run_full(ray, Path(tmp) / "ray")
         if not args.no_megatron:
             megatron = load_config(None, [*overrides, "engine.train=megatron", "parallel.train.tensor=2"])
             runs["megatron TP2"] = run_full(megatron, Path(tmp) / "megatron")
@@ -164,16 +167,17 @@ def main() -> None:
     for key in STAGES:
         if any(r.get(key) is not None for r in rows):
             print(f"{key:<24}" + "".join(f"{_fmt(r.get(key), '.4g'):>15}" for r in rows))
-    ratio = rows[1]["time/step"] / rows[0]["time/step"]
-    print(f"\noverhead ratio (full / plain time per step): {ratio:.2f}x  (target <= 1.3x)")
     by_name = {r["name"]: r for r in rows}
+    plain, local, ray = (by_name[name]["time/step"] for name in ("plain loop", "one process", "Ray workers"))
+    print(f"\noverhead ratio (full system / plain loop time per step): one process {local / plain:.2f}x, "
+          f"Ray workers {ray / plain:.2f}x  (target <= 1.3x)")  # fmt: skip
     if "vLLM rollout" in by_name:
-        ratio = by_name["vLLM rollout"]["time/step"] / rows[1]["time/step"]
-        print(f"vLLM / torch rollout engine time per step (both full system): {ratio:.2f}x")
+        ratio = by_name["vLLM rollout"]["time/step"] / local
+        print(f"vLLM / torch rollout engine time per step (both one process): {ratio:.2f}x")
     if "megatron TP2" in by_name:
         megatron = by_name["megatron TP2"]
-        ratio = megatron["time/step"] / rows[1]["time/step"]
-        print(f"megatron TP2 / torch engine time per step (both full system): {ratio:.2f}x")
+        ratio = megatron["time/step"] / ray
+        print(f"megatron TP2 / torch engine time per step (both Ray workers): {ratio:.2f}x")
         moved, gbps = int(megatron["reshard/bytes"]), megatron["reshard/gbps"]
         bound = _memcpy_gbps(moved)
         print(f"reshard: {moved / 1e6:.2f} MB per step at {gbps:.3f} GB/s; "
