@@ -201,10 +201,7 @@ def _rollout_engine(
         )  # fmt: skip
         return engine, "infer"
     if type(model).__name__ == "GPT2LMHeadModel":
-        lanes = config.compute_lanes()
-        return GPT2RolloutEngine.from_hf_config(
-            model.config, device=config.engine.device, lanes=lanes
-        ), "infer"
+        return GPT2RolloutEngine.from_hf_config(model.config, device=config.engine.device), "infer"
     from entrepot.grpo.rollout_hf import HFRolloutEngine
 
     module = copy.deepcopy(model) if copy_module else model

@@ -23,11 +23,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from entrepot.grpo.lanes import run_lanes
 from entrepot.resharding.adaptors.gpt2 import gpt2_activation
-
-# a lane decodes at least this many rows: for fewer, the thread's overhead outweighs the second core
-_ROWS_PER_LANE = 32
 
 __all__ = [
     "GPT2RolloutEngine",
@@ -131,7 +127,6 @@ class GPT2RolloutEngine:
         device: where weights and caches live.
         layer_norm_eps: LayerNorm epsilon of the checkpoint.
         activation: the MLP activation, as HF GPT-2 names it (``activation_function``).
-        lanes: threads a large batch is split over (`entrepot.grpo.lanes`; CPU).
     """
 
     def __init__(
@@ -145,11 +140,9 @@ class GPT2RolloutEngine:
         device: str | torch.device = "cpu",
         layer_norm_eps: float = 1e-5,
         activation: str = "gelu_new",
-        lanes: int = 1,
     ) -> None:
         self.num_layers, self.num_heads, self.hidden = num_layers, num_heads, hidden
         self.activation = gpt2_activation(activation)
-        self.lanes = lanes
         self.vocab, self.positions, self.eps = vocab, positions, layer_norm_eps
         self.device = torch.device(device)
         self.meta = gpt2_infer_meta(num_layers, hidden, vocab, positions)
@@ -160,9 +153,7 @@ class GPT2RolloutEngine:
         self._loaded: set[str] = set()
 
     @classmethod
-    def from_hf_config(
-        cls, hf_config: object, device: str | torch.device = "cpu", lanes: int = 1
-    ) -> GPT2RolloutEngine:
+    def from_hf_config(cls, hf_config: object, device: str | torch.device = "cpu") -> GPT2RolloutEngine:
         """An engine shaped like an HF GPT2Config (weights still to be loaded)."""
         c = hf_config
         return cls(
@@ -174,7 +165,6 @@ class GPT2RolloutEngine:
             layer_norm_eps=c.layer_norm_epsilon,  # type: ignore[attr-defined]
             activation=c.activation_function,  # type: ignore[attr-defined]
             device=device,
-            lanes=lanes,
         )
 
     # -- the InferenceEngine protocol ----------------------------------------------------------
@@ -301,35 +291,10 @@ class GPT2RolloutEngine:
         top-k and top-p: the distribution the trainer's log-probs are of), float32 [len] per response.
 
         Prompts are left-padded so that every row decodes in lock-step; position ids skip padding.
-        With `lanes` > 1 the rows are cut into that many parts decoded on threads at once, each part
-        sampling from its own generator seeded from `generator` (so a seeded run stays reproducible).
         """
         if len(self._loaded) != len(self.meta):
             missing = sorted(set(self.meta) - self._loaded)[:3]
             raise RuntimeError(f"rollout engine has no weights for {missing}...; call load_weights first")
-        parts = min(self.lanes, len(prompts) // _ROWS_PER_LANE)
-        if parts <= 1:
-            return self._decode(prompts, params, pad_token_id, generator)
-        bounds = [len(prompts) * i // parts for i in range(parts + 1)]
-        lane_generators: list[torch.Generator | None] = [None] * parts
-        if generator is not None:
-            seeds = torch.randint(2**62, (parts,), generator=generator).tolist()
-            lane_generators = [torch.Generator().manual_seed(seed) for seed in seeds]
-
-        def lane(i: int) -> tuple[list[list[int]], list[torch.Tensor]]:
-            return self._decode(prompts[bounds[i] : bounds[i + 1]], params, pad_token_id, lane_generators[i])
-
-        results = run_lanes(lane, range(parts))
-        return [r for tokens, _ in results for r in tokens], [lp for _, logps in results for lp in logps]
-
-    def _decode(
-        self,
-        prompts: Sequence[Sequence[int] | torch.Tensor],
-        params: SamplingParams,
-        pad_token_id: int,
-        generator: torch.Generator | None,
-    ) -> tuple[list[list[int]], list[torch.Tensor]]:
-        """`generate_with_logprobs` of `prompts` in lock-step on this thread."""
         b = len(prompts)
         prompt_len = max(len(p) for p in prompts)
         total = prompt_len + params.max_new_tokens
