@@ -24,6 +24,8 @@ from typing import Protocol
 
 import torch
 
+from entrepot.dock._rowcopy import RowSource
+
 _MIN_BUFFER = 1 << 12
 _INT_FLOAT_MANTISSA = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}
 
@@ -109,13 +111,17 @@ class SeqSnapshot:
             runs.append((self.segments[seg].narrow(0, start - self.bases[seg], size), first, num_rows))
         return runs
 
-    def views(self) -> list[torch.Tensor]:
-        """One view per row (no copy), split run by run in C++."""
-        sizes = self.lengths.tolist()
-        out: list[torch.Tensor] = []
-        for run, first, num_rows in self._runs():
-            out.extend(torch.split(run, sizes[first : first + num_rows]))
-        return out
+    def runs(self) -> list[tuple[torch.Tensor, int]]:
+        """The rows as (segment view holding a run of adjacent rows, rows in it), in row order; no copy."""
+        return [(run, num_rows) for run, _, num_rows in self._runs()]
+
+    def rows(self) -> RowSource:
+        """Where each row is in the segments (for a padded copy, row by row); no copy."""
+        if len(self.segments) == 1:
+            return RowSource(self.segments, None, self.offsets - self.bases[0], self.lengths)
+        bases = torch.tensor(self.bases)
+        which = torch.searchsorted(bases, self.offsets, right=True) - 1
+        return RowSource(self.segments, which, self.offsets - bases[which], self.lengths)
 
     def gather(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """Copy the rows into one flat tensor [sum(lengths)], one memcpy per run of adjacent rows."""
@@ -159,7 +165,7 @@ class SequenceColumn:
             ready: bool [capacity] this column's ready bits before the write (for garbage accounting).
         """
         total = source.numel() if isinstance(source, torch.Tensor) else source.numel
-        self.live -= int(self.lengths[rows][ready[rows]].sum())
+        self.live -= int(self.lengths.index_select(0, rows).sum())  # 0 where not ready: see forget
         if self.used + total > self.segments[-1].numel():
             self._make_room(total, ready, rows)
         target = self.segments[-1].narrow(0, self.used, total)
@@ -167,8 +173,10 @@ class SequenceColumn:
             target.copy_(source)
         else:
             source.copy_into(target)
-        self.offsets[rows] = self.bases[-1] + self.used + torch.cumsum(lengths, 0) - lengths
-        self.lengths[rows] = lengths
+        self.offsets.index_copy_(
+            0, rows, torch.cumsum(lengths, 0).sub_(lengths).add_(self.bases[-1] + self.used)
+        )
+        self.lengths.index_copy_(0, rows, lengths)
         self.used += total
         self.live += total
 
@@ -201,7 +209,7 @@ class SequenceColumn:
         return SeqSnapshot(list(self.segments), list(self.bases), self.offsets[rows], self.lengths[rows])
 
     def forget(self, rows: torch.Tensor, ready: torch.Tensor) -> None:
-        """Rows stop being ready: count their elements as garbage."""
+        """Rows stop being ready: count their elements as garbage (a row's length is 0 while not ready)."""
         self.live -= int(self.lengths[rows][ready[rows]].sum())
         self.lengths[rows] = 0
 

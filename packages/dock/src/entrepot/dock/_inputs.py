@@ -24,14 +24,15 @@ from entrepot.dock._errors import (
     LengthMismatchError,
     RowCountMismatchError,
 )
+from entrepot.dock._rowcopy import unpad_into
 
 
 class ColumnData:
-    """One column of a put, unpadded: B row tensors (or their flat concatenation) + lengths int64 [B],
-    or values [B] with lengths None.
+    """One column of a put, unpadded: B rows + lengths int64 [B], or values [B] with lengths None.
 
-    Rows given as views (of a padded tensor or a list) are copied once, straight into the store,
-    by `copy_into`; `flat` concatenates them only when a caller needs one tensor.
+    Rows are held as the caller gave them: a flat tensor, a list of row tensors, or a padded [B, L]
+    tensor. `copy_into` copies the valid part once, straight into the store (a padded source through
+    `unpad_into`: no per-row torch op); `flat` makes one tensor only when a caller needs it.
     """
 
     def __init__(
@@ -39,10 +40,12 @@ class ColumnData:
         flat: torch.Tensor | None,
         lengths: torch.Tensor | None,
         pieces: list[torch.Tensor] | None = None,
+        padded: torch.Tensor | None = None,
     ) -> None:
         self._flat = flat
         self.lengths = lengths
         self._pieces = pieces
+        self._padded = padded
 
     @property
     def scalar(self) -> bool:
@@ -52,6 +55,8 @@ class ColumnData:
     def dtype(self) -> torch.dtype:
         if self._flat is not None:
             return self._flat.dtype
+        if self._padded is not None:
+            return self._padded.dtype
         assert self._pieces  # a column of zero rows is built with a flat tensor
         return self._pieces[0].dtype
 
@@ -65,17 +70,21 @@ class ColumnData:
     @property
     def flat(self) -> torch.Tensor:
         if self._flat is None:
-            assert self._pieces is not None
-            self._flat = torch.cat(self._pieces)
-            self._pieces = None
+            flat = torch.empty(self.numel, dtype=self.dtype)
+            self.copy_into(flat)
+            self._flat, self._pieces, self._padded = flat, None, None
         return self._flat
 
     def copy_into(self, out: torch.Tensor) -> None:
         """Write the values back to back into `out` [numel] (converting to its dtype)."""
-        if self._pieces is not None:
+        if self._padded is not None:
+            assert self.lengths is not None
+            unpad_into(self._padded, self.lengths, out)
+        elif self._pieces is not None:
             torch.cat(self._pieces, out=out)
         else:
-            out.copy_(self.flat)
+            assert self._flat is not None
+            out.copy_(self._flat)
 
 
 def as_index_tensor(indexes: Any, capacity: int) -> torch.Tensor:
@@ -90,9 +99,12 @@ def as_index_tensor(indexes: Any, capacity: int) -> torch.Tensor:
     rows = rows.to(torch.int64)
     if rows.numel() == 0:
         return rows
-    bad = ((rows < 0) | (rows >= capacity)).nonzero()
-    if bad.numel():
+    low, high = (int(bound) for bound in torch.aminmax(rows))
+    if low < 0 or high >= capacity:
+        bad = ((rows < 0) | (rows >= capacity)).nonzero()
         raise IndexOutOfRangeError(int(rows[bad[0, 0]]), capacity)
+    if bool((rows[1:] > rows[:-1]).all()):
+        return rows  # strictly ascending, so distinct (the usual case): no sort
     sorted_rows, _ = torch.sort(rows)
     dup = (sorted_rows[1:] == sorted_rows[:-1]).nonzero()
     if dup.numel():
@@ -158,8 +170,8 @@ def _from_tensor(
             column,
             f"row {row} has length {int(lens[row])} but the padded tensor is only {data.shape[1]} wide",
         )
-    # Views of the valid part of each row: the store copies them once; the padding is never kept.
-    return ColumnData(None, lens, [row[:n] for row, n in zip(data.unbind(0), lens.tolist(), strict=True)])
+    # The store copies the valid part of each row once; the padding is never kept.
+    return ColumnData(None, lens, padded=data)
 
 
 def normalize_column(
