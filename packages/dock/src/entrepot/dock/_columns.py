@@ -206,7 +206,8 @@ class SequenceColumn:
         self.allocated += segment.numel()
 
     def snapshot(self, rows: torch.Tensor) -> SeqSnapshot:
-        return SeqSnapshot(list(self.segments), list(self.bases), self.offsets[rows], self.lengths[rows])
+        offsets, lengths = self.offsets.index_select(0, rows), self.lengths.index_select(0, rows)
+        return SeqSnapshot(list(self.segments), list(self.bases), offsets, lengths)
 
     def forget(self, rows: torch.Tensor, ready: torch.Tensor) -> None:
         """Rows stop being ready: count their elements as garbage (a row's length is 0 while not ready)."""
@@ -245,4 +246,4 @@ class ScalarColumn:
         self.values[rows] = values.to(self.dtype)
 
     def read(self, rows: torch.Tensor) -> torch.Tensor:
-        return self.values[rows]  # advanced indexing copies: safe to use outside the lock
+        return self.values.index_select(0, rows)  # a copy: safe to use outside the lock

@@ -574,7 +574,7 @@ class ExperienceDock(DockLifecycle):
         return None  # not ready yet, or held under a lease that may still hand them back
 
     def _mark_consumed(self, k: int, rows: torch.Tensor) -> None:
-        self._consumed[k, rows] = True
+        self._consumed[k].index_fill_(0, rows, True)
         self._num_consumed[k] += rows.numel()
         self._count_delivery(k, rows)
         self._advance_watermark(k)
@@ -596,7 +596,7 @@ class ExperienceDock(DockLifecycle):
             store = self._stores[name]
             assert store is not None  # the rows are ready in this column, so it was written
             parts[name] = store.read(rows) if isinstance(store, ScalarColumn) else store.snapshot(rows)
-        return Taken(rows.clone(), parts, self._age[rows].clone())
+        return Taken(rows.clone(), parts, self._age.index_select(0, rows))
 
     def peek(
         self,

@@ -7,11 +7,11 @@ from typing import Any
 
 import torch
 
-from entrepot.batching import unpack
 from entrepot.dock._columns import ColumnSpec
 from entrepot.dock._dock import ExperienceDock
 from entrepot.dock._errors import DockConfigError, DockFullError, InvalidArgumentError
 from entrepot.dock._inputs import ColumnData, normalize_column
+from entrepot.dock._rowcopy import RowSource
 
 _SEQ = ColumnSpec(scalar=False)
 _SCALAR = ColumnSpec(scalar=True)
@@ -153,9 +153,11 @@ def _count_rows(prompts: Any, lengths: Any) -> int:
     return len(prompts)
 
 
-def _fan_out(column: ColumnData, n: int) -> Any:
-    """Each row repeated n times, as a put-able value."""
+def _fan_out(column: ColumnData, n: int) -> ColumnData:
+    """Each row repeated n times (the copies point at the row; the store copies each once)."""
     if column.lengths is None:
-        return column.flat.repeat_interleave(n)
-    rows = unpack(column.flat, column.lengths)
-    return [row for row in rows for _ in range(n)]
+        return ColumnData(column.flat.repeat_interleave(n), None)
+    starts = torch.cumsum(column.lengths, 0) - column.lengths
+    lengths = column.lengths.repeat_interleave(n)
+    rows = RowSource([column.flat], None, starts.repeat_interleave(n), lengths)
+    return ColumnData(None, lengths, rows=rows)

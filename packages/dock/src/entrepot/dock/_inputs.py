@@ -24,15 +24,16 @@ from entrepot.dock._errors import (
     LengthMismatchError,
     RowCountMismatchError,
 )
-from entrepot.dock._rowcopy import unpad_into
+from entrepot.dock._rowcopy import RowSource, gather_into, unpad_into
 
 
 class ColumnData:
     """One column of a put, unpadded: B rows + lengths int64 [B], or values [B] with lengths None.
 
-    Rows are held as the caller gave them: a flat tensor, a list of row tensors, or a padded [B, L]
-    tensor. `copy_into` copies the valid part once, straight into the store (a padded source through
-    `unpad_into`: no per-row torch op); `flat` makes one tensor only when a caller needs it.
+    Rows are held as the caller gave them: a flat tensor, a list of row tensors, a padded [B, L]
+    tensor, or (put_prompts' fan-out) a RowSource. `copy_into` copies the valid part once, straight
+    into the store (padded and RowSource rows a memcpy each, see _rowcopy); `flat` makes one tensor
+    only when a caller needs it.
     """
 
     def __init__(
@@ -41,11 +42,13 @@ class ColumnData:
         lengths: torch.Tensor | None,
         pieces: list[torch.Tensor] | None = None,
         padded: torch.Tensor | None = None,
+        rows: RowSource | None = None,
     ) -> None:
         self._flat = flat
         self.lengths = lengths
         self._pieces = pieces
         self._padded = padded
+        self._rows = rows
 
     @property
     def scalar(self) -> bool:
@@ -57,6 +60,8 @@ class ColumnData:
             return self._flat.dtype
         if self._padded is not None:
             return self._padded.dtype
+        if self._rows is not None:
+            return self._rows.dtype
         assert self._pieces  # a column of zero rows is built with a flat tensor
         return self._pieces[0].dtype
 
@@ -72,7 +77,7 @@ class ColumnData:
         if self._flat is None:
             flat = torch.empty(self.numel, dtype=self.dtype)
             self.copy_into(flat)
-            self._flat, self._pieces, self._padded = flat, None, None
+            self._flat, self._pieces, self._padded, self._rows = flat, None, None, None
         return self._flat
 
     def copy_into(self, out: torch.Tensor) -> None:
@@ -80,6 +85,8 @@ class ColumnData:
         if self._padded is not None:
             assert self.lengths is not None
             unpad_into(self._padded, self.lengths, out)
+        elif self._rows is not None:
+            gather_into(self._rows, out)
         elif self._pieces is not None:
             torch.cat(self._pieces, out=out)
         else:
@@ -178,24 +185,30 @@ def normalize_column(
     column: str, value: Any, lengths: Any, num_rows: int, scalar_hint: bool | None
 ) -> ColumnData:
     """One column of a put, in any accepted form, as ColumnData with its row count checked."""
+    if isinstance(value, ColumnData):  # already normalised (GRPODock.put_prompts' fan-out)
+        out = value
+    else:
+        out = _from_value(column, value, lengths, num_rows, scalar_hint)
+    rows = out.numel if out.lengths is None else out.lengths.numel()
+    if rows != num_rows:
+        raise RowCountMismatchError(column, num_rows, rows)
+    return out
+
+
+def _from_value(column: str, value: Any, lengths: Any, num_rows: int, scalar_hint: bool | None) -> ColumnData:
     if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], torch.Tensor):
         if lengths is not None:
             raise ColumnLayoutError(column, "lengths given twice (in the tuple and in `lengths`)")
         value, lengths = value
     if isinstance(value, torch.Tensor):
-        out = _from_tensor(column, value.detach(), lengths, num_rows, scalar_hint)
-    elif isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return _from_tensor(column, value.detach(), lengths, num_rows, scalar_hint)
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
         if lengths is not None:
             raise ColumnLayoutError(
                 column, "a list of tensors carries its own lengths; do not pass `lengths`"
             )
-        out = _from_list(column, value, scalar_hint)
-    else:
-        raise ColumnLayoutError(column, f"cannot store a {type(value).__name__}; pass tensors (see put)")
-    rows = out.numel if out.lengths is None else out.lengths.numel()
-    if rows != num_rows:
-        raise RowCountMismatchError(column, num_rows, rows)
-    return out
+        return _from_list(column, value, scalar_hint)
+    raise ColumnLayoutError(column, f"cannot store a {type(value).__name__}; pass tensors (see put)")
 
 
 def normalize_put(

@@ -73,62 +73,54 @@ def unpad_into(padded: torch.Tensor, lengths: torch.Tensor, out: torch.Tensor) -
     if padded.stride(-1) != 1:
         padded = padded.contiguous()
     num_rows, width = padded.shape
-    row_stride = padded.stride(0)
-    span = padded.as_strided(((num_rows - 1) * row_stride + width,), (1,))  # every row, gaps included
+    span = padded.as_strided(((num_rows - 1) * padded.stride(0) + width,), (1,))  # the rows and gaps
     src, dst, size = as_bytes(span), as_bytes(out), out.element_size()
-    nbytes = lengths * size
-    dst_ends = torch.cumsum(nbytes, 0)
-    src_starts = torch.arange(num_rows) * (row_stride * size)
-    for d0, d1, s0, s1 in zip(
-        (dst_ends - nbytes).tolist(),
-        dst_ends.tolist(),
-        src_starts.tolist(),
-        (src_starts + nbytes).tolist(),
-        strict=True,
-    ):
-        dst[d0:d1] = src[s0:s1]
+    row_bytes = padded.stride(0) * size
+    at = start = 0
+    for n in lengths.tolist():
+        end = at + n * size
+        dst[at:end] = src[start : start + n * size]
+        at, start = end, start + row_bytes
+
+
+def gather_into(rows: RowSource, out: torch.Tensor) -> None:
+    """Copy the rows into `out` [T], back to back (one memcpy per row; sources converted to its dtype)."""
+    if out.numel() == 0:
+        return
+    dst, size = as_bytes(out), out.element_size()
+    srcs = [as_bytes(source.to(out.dtype).cpu().contiguous()) for source in rows.sources]
+    at = 0
+    for j, start, n in zip(*_rows(rows), strict=True):
+        end = at + n * size
+        dst[at:end] = srcs[j][start * size : (start + n) * size]
+        at = end
 
 
 def pad_rows(rows: RowSource, pad_value: float = 0, pad_multiple: int = 1) -> torch.Tensor:
     """[B, L] right-padded copy of the rows; L = the longest row rounded up to `pad_multiple`."""
-    lengths = rows.lengths
-    num_rows = lengths.numel()
-    longest = int(lengths.max()) if num_rows else 0
-    width = -(-longest // pad_multiple) * pad_multiple
+    which, starts, sizes = _rows(rows)
+    width = -(-max(sizes, default=0) // pad_multiple) * pad_multiple
     if rows.sources[0].device.type != "cpu":
-        views = [rows.sources[j][s : s + n] for j, s, n in _rows(rows)]
+        views = [rows.sources[j][s : s + n] for j, s, n in zip(which, starts, sizes, strict=True)]
         return pad(views, pad_value, pad_multiple)[0]
-    out = torch.empty((num_rows, width), dtype=rows.dtype)
+    out = torch.empty((len(sizes), width), dtype=rows.dtype)
     if out.numel() == 0:
         return out
     size = out.element_size()
     dst = as_bytes(out.view(-1))
     filler = as_bytes(torch.full((width,), pad_value, dtype=rows.dtype))
-    nbytes = lengths * size
-    row_starts = torch.arange(num_rows) * (width * size)
-    src_starts = rows.starts * size
-    columns = (
-        row_starts.tolist(),
-        (row_starts + nbytes).tolist(),  # where the row's padding starts
-        (row_starts + width * size).tolist(),
-        src_starts.tolist(),
-        (src_starts + nbytes).tolist(),
-        (width * size - nbytes).tolist(),
-    )
-    if rows.which is None:
-        src = as_bytes(rows.sources[0])
-        for d0, d1, d2, s0, s1, tail in zip(*columns, strict=True):
-            dst[d0:d1] = src[s0:s1]
-            dst[d1:d2] = filler[:tail]
-    else:
-        srcs = [as_bytes(source) for source in rows.sources]
-        for j, d0, d1, d2, s0, s1, tail in zip(rows.which.tolist(), *columns, strict=True):
-            dst[d0:d1] = srcs[j][s0:s1]
-            dst[d1:d2] = filler[:tail]
+    srcs = [as_bytes(source) for source in rows.sources]
+    row_bytes = width * size
+    at = 0
+    for j, start, n in zip(which, starts, sizes, strict=True):
+        data_end, row_end = at + n * size, at + row_bytes
+        dst[at:data_end] = srcs[j][start * size : (start + n) * size]
+        dst[data_end:row_end] = filler[: row_end - data_end]
+        at = row_end
     return out
 
 
-def _rows(rows: RowSource) -> zip[tuple[int, int, int]]:
-    """(source, start, length) per row."""
+def _rows(rows: RowSource) -> tuple[list[int], list[int], list[int]]:
+    """(source, start, length) of every row, as lists."""
     which = [0] * rows.lengths.numel() if rows.which is None else rows.which.tolist()
-    return zip(which, rows.starts.tolist(), rows.lengths.tolist(), strict=True)
+    return which, rows.starts.tolist(), rows.lengths.tolist()
