@@ -116,7 +116,7 @@ class GRPODock(ExperienceDock):
             raise InvalidArgumentError(
                 f"n_samples_per_prompt is {n} in this dock, got {n_samples_per_prompt}"
             )
-        num_prompts = _count_rows(prompts, lengths)
+        num_prompts = count_prompts(prompts, lengths)
         column = normalize_column("prompts", prompts, lengths, num_prompts, False)
         extras = {
             name: normalize_column(
@@ -143,7 +143,8 @@ class GRPODock(ExperienceDock):
         return rows
 
 
-def _count_rows(prompts: Any, lengths: Any) -> int:
+def count_prompts(prompts: Any, lengths: Any) -> int:
+    """How many prompts `put_prompts` was given (in any of its forms)."""
     if lengths is not None:
         return int(torch.as_tensor(lengths).numel())
     if isinstance(prompts, tuple) and len(prompts) == 2 and isinstance(prompts[1], torch.Tensor):
