@@ -246,7 +246,7 @@ class ScalarColumn:
         return self.values.numel() * self.values.element_size()
 
     def write(self, rows: torch.Tensor, values: torch.Tensor) -> None:
-        self.values[rows] = values.to(self.dtype)
+        self.values.index_copy_(0, rows, values.to(self.dtype))
 
     def read(self, rows: torch.Tensor) -> torch.Tensor:
         return self.values.index_select(0, rows)  # a copy: safe to use outside the lock

@@ -103,7 +103,8 @@ def as_index_tensor(indexes: Any, capacity: int) -> torch.Tensor:
         raise ColumnLayoutError(
             "indexes", f"must be a 1-D sequence of integers, got shape {tuple(rows.shape)} {rows.dtype}"
         )
-    rows = rows.to(torch.int64)
+    if rows.dtype != torch.int64:
+        rows = rows.to(torch.int64)
     if rows.numel() == 0:
         return rows
     low, high = (int(bound) for bound in torch.aminmax(rows))
@@ -127,7 +128,8 @@ def _as_lengths(column: str, lengths: Any, num_rows: int) -> torch.Tensor:
         )
     if lengths.numel() != num_rows:
         raise RowCountMismatchError(column, num_rows, lengths.numel())
-    lengths = lengths.to(torch.int64)
+    if lengths.dtype != torch.int64:
+        lengths = lengths.to(torch.int64)
     if lengths.numel() and int(lengths.min()) < 0:
         raise LengthMismatchError(column, f"lengths must be >= 0, got {int(lengths.min())}")
     return lengths
