@@ -111,10 +111,6 @@ class SeqSnapshot:
             runs.append((self.segments[seg].narrow(0, start - self.bases[seg], size), first, num_rows))
         return runs
 
-    def runs(self) -> list[tuple[torch.Tensor, int]]:
-        """The rows as (segment view holding a run of adjacent rows, rows in it), in row order; no copy."""
-        return [(run, num_rows) for run, _, num_rows in self._runs()]
-
     def rows(self) -> RowSource:
         """Where each row is in the segments (for a padded copy, row by row); no copy."""
         if len(self.segments) == 1:

@@ -17,15 +17,11 @@ Shape legend: B rows, L padded width, T = sum of the B lengths.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from entrepot.batching import pad
-
-Run = tuple[torch.Tensor, int]
-"""A flat tensor holding some rows back to back (in batch order), and how many rows it holds."""
 
 
 @dataclass(frozen=True)
@@ -45,15 +41,6 @@ class RowSource:
     def packed(cls, flat: torch.Tensor, lengths: torch.Tensor) -> RowSource:
         """Rows back to back in `flat` [T]."""
         return cls([flat], None, torch.cumsum(lengths, 0) - lengths, lengths)
-
-    @classmethod
-    def of_runs(cls, runs: Sequence[Run], lengths: torch.Tensor) -> RowSource:
-        """Rows back to back in runs (flat tensors, each holding its count of consecutive rows)."""
-        counts = torch.tensor([count for _, count in runs], dtype=torch.int64)  # each >= 1
-        which = torch.repeat_interleave(torch.arange(len(runs)), counts)
-        starts = torch.cumsum(lengths, 0) - lengths  # as if the runs were one flat tensor
-        first_rows = torch.cumsum(counts, 0) - counts
-        return cls([flat for flat, _ in runs], which, starts - starts[first_rows][which], lengths)
 
     @property
     def dtype(self) -> torch.dtype:
