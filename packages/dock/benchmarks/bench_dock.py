@@ -3,11 +3,15 @@
 Workload: 1,024 prompts x 8 samples (8,192 rows); prompt 64-256 tokens, prompt + response uniform
 in 512-4,096 tokens. Phases in GRPO order, 256 rows per put, inputs padded as model outputs are:
 prompts (fan-out); responses + response_length + input_ids; ref and old log-probs (float32);
-advantages (one float32 per response). Then `actor_train` pulls 256-row padded batches of 7 columns until all
-consumed. Run against (a) the seed's design implemented literally (seed_baseline.py), (b) our
-ExperienceDock in-process (first and third iteration of a reused dock), (c) the same through the
-Ray actor; then the per-call cost of `get` at 1,000,000 rows capacity vs 8,192. GB/s counts valid
-(unpadded) bytes.
+advantages (one float32 per response). Then `actor_train` pulls 256-row padded batches of 7
+columns until all consumed. Run against (a) the seed's design implemented literally
+(seed_baseline.py), (b) our ExperienceDock in-process (first and third iteration of a reused dock),
+(c) the same through the Ray actor (first and third iteration); then the per-call cost of `get` at
+1,000,000 rows capacity vs 8,192. GB/s counts valid (unpadded) bytes.
+
+Bounds, measured in the same run (see CopyBound): after every put and get of (b) and (c), a
+`torch.Tensor.copy_` of as many bytes; in-process put and get are reported as fractions of that
+copy bandwidth (target >= 0.5), the Ray get also as a fraction of 1 GB/s (target >= 1).
 
     python bench_dock.py [--small] [--no-ray]
 """
@@ -100,6 +104,35 @@ def make_workload(num_prompts: int, seed: int = 0) -> Workload:
     return Workload(prompts, phases, prompt_bytes)
 
 
+class CopyBound:
+    """This machine's copy bandwidth for the same bytes, measured beside the dock calls.
+
+    After each dock call, one `torch.Tensor.copy_` of as many bytes as the call moved, from a
+    source into a preallocated (already touched) destination; sources and destinations rotate over
+    `slots` buffers that together exceed the last-level cache, as the dock's data does. Measured
+    interleaved with the calls, so load from other jobs on a shared machine hits both alike.
+    """
+
+    def __init__(self, slots: int = 6) -> None:
+        self.slots = slots
+        self.src: list[torch.Tensor] = []
+        self.dst: list[torch.Tensor] = []
+        self.turn = 0
+
+    def copy_s(self, nbytes: int) -> float:
+        """Seconds one copy_ of `nbytes` takes (buffers grown, untimed, when a call needs more)."""
+        if not self.src or self.src[0].numel() < nbytes:
+            size = max(nbytes, 1 << 20)
+            self.src = [torch.full((size,), 7, dtype=torch.uint8) for _ in range(self.slots)]
+            self.dst = [torch.zeros(size, dtype=torch.uint8) for _ in range(self.slots)]
+        self.turn = (self.turn + 1) % self.slots
+        src = self.src[self.turn].narrow(0, 0, nbytes)
+        dst = self.dst[(self.turn + self.slots // 2) % self.slots].narrow(0, 0, nbytes)
+        start = time.perf_counter()
+        dst.copy_(src)
+        return time.perf_counter() - start
+
+
 @dataclass
 class Timings:
     put_s: list[float] = field(default_factory=list)
@@ -108,6 +141,8 @@ class Timings:
     get_bytes: int = 0
     held_bytes: int = 0  # memory the store keeps allocated / alive once everything is put
     stored_bytes: int = 0  # valid bytes the store holds
+    put_copy_s: float = 0.0  # the copy bound for the same bytes (see CopyBound)
+    get_copy_s: float = 0.0
 
 
 def timed(fn: Callable[[], Any], into: list[float]) -> Any:
@@ -117,16 +152,23 @@ def timed(fn: Callable[[], Any], into: list[float]) -> Any:
     return out
 
 
-def run_ours(dock: Any, work: Workload, num_rows: int) -> Timings:
-    """GRPO phases and actor_train gets through a DockClient (in-process dock or Ray client)."""
+def run_ours(dock: Any, work: Workload, num_rows: int, bound: CopyBound | None = None) -> Timings:
+    """GRPO phases and actor_train gets through a DockClient (in-process dock or Ray client).
+
+    With `bound`, each call is followed by a copy_ of its bytes (t.put_copy_s / t.get_copy_s).
+    """
     t = Timings(put_bytes=work.prompt_bytes)
     timed(lambda: dock.put_prompts(work.prompts, N_SAMPLES), t.put_s)
+    if bound is not None:
+        t.put_copy_s += bound.copy_s(work.prompt_bytes)
     for phase in work.phases:
         rows = torch.arange(phase.start, phase.start + CHUNK)
         data: dict[str, Any] = {**{k: v for k, (v, _) in phase.padded.items()}, **phase.scalars}
         lengths = {k: lens for k, (_, lens) in phase.padded.items()}
         timed(lambda data=data, rows=rows, lengths=lengths: dock.put(data, rows, lengths=lengths), t.put_s)
         t.put_bytes += phase.nbytes
+        if bound is not None:
+            t.put_copy_s += bound.copy_s(phase.nbytes)
     metrics = dock.metrics()
     t.held_bytes, t.stored_bytes = int(metrics["dock/bytes_allocated"]), int(metrics["dock/bytes_stored"])
     while True:
@@ -134,12 +176,16 @@ def run_ours(dock: Any, work: Workload, num_rows: int) -> Timings:
         if batch is None:
             t.get_s.pop()  # the final "all consumed" call moves no data
             break
-        t.get_bytes += sum(
+        nbytes = sum(
             int(batch.lengths[c].sum()) * batch.data[c].element_size()
             if c in batch.lengths
             else batch.data[c].nbytes
             for c in TRAIN_COLUMNS
         )
+        t.get_bytes += nbytes
+        del batch  # a consumer drops each batch before it gets the next one
+        if bound is not None:
+            t.get_copy_s += bound.copy_s(nbytes)
     assert t.get_bytes and len(t.get_s) == num_rows // CHUNK
     return t
 
@@ -167,7 +213,8 @@ def run_baseline(work: Workload, num_prompts: int, remote: bool = False) -> Timi
         for key, (padded, lengths) in phase.padded.items():
             entries[key], entries[f"{key}__length"] = padded, lengths
         for key, values in phase.scalars.items():
-            entries[key], entries[f"{key}__length"] = values[:, None], torch.ones_like(values)
+            ones = torch.ones_like(values, dtype=torch.int64)  # slice bounds must be integers
+            entries[key], entries[f"{key}__length"] = values[:, None], ones
         data = TensorDict(entries, batch_size=[CHUNK])
         indexes = list(range(phase.start, phase.start + CHUNK))
         timed(lambda data=data, indexes=indexes: dock.put_experience(data, indexes), t.put_s)
@@ -214,11 +261,22 @@ def fmt_row(name: str, t: Timings, baseline_total: float | None) -> str:
     )
 
 
+def fmt_bound(name: str, t: Timings, ray_target: float | None = None) -> str:
+    """Put and get GB/s beside the copy bound of the same bytes; through Ray, get also vs `ray_target`."""
+    put, get = t.put_bytes / sum(t.put_s) / 1e9, t.get_bytes / sum(t.get_s) / 1e9
+    put_copy, get_copy = t.put_bytes / t.put_copy_s / 1e9, t.get_bytes / t.get_copy_s / 1e9
+    target = f"get / {ray_target:.0f} GB/s = {get / ray_target:4.2f}" if ray_target else "-"
+    return (
+        f"| {name:<26} | {put:8.2f} | {put_copy:9.2f} | {put / put_copy:8.2f} | {get:8.2f} "
+        f"| {get_copy:9.2f} | {get / get_copy:8.2f} | {target:<23} |"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="128 prompts instead of 1,024 (a quick check)")
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray actor run")
-    args = parser.parse_args()
+    args, _ = parser.parse_known_args()  # nox passes its posargs through
     torch.set_num_threads(1)
     num_prompts = 128 if args.small else 1024
     num_rows = num_prompts * N_SAMPLES
@@ -226,36 +284,48 @@ def main() -> None:
     puts = len(work.phases) + 1
     print(f"workload: {num_prompts} prompts x {N_SAMPLES} samples = {num_rows} rows, {puts} puts")
 
+    bound = CopyBound()
     baseline = run_baseline(work, num_prompts)
     base_total = sum(baseline.put_s) + sum(baseline.get_s)
     small_dock = GRPODock(num_prompts, N_SAMPLES)
-    ours = run_ours(small_dock, work, num_rows)
+    ours = run_ours(small_dock, work, num_rows, bound)
     rows = [
         fmt_row("seed design, in-process", baseline, None),
         fmt_row("ExperienceDock in-process", ours, base_total),
     ]
+    bounds = [fmt_bound("ExperienceDock in-process", ours)]
     # A training loop reuses its dock every iteration: the third iteration shows the steady state
     # (our clear() recycles the segments, so no fresh memory is faulted in).
     for _ in range(2):
         steady_base = run_baseline(work, num_prompts)
         small_dock.clear()
-        steady = run_ours(small_dock, work, num_rows)
+        steady = run_ours(small_dock, work, num_rows, bound)
     steady_total = sum(steady_base.put_s) + sum(steady_base.get_s)
     rows.append(fmt_row("seed design, 3rd iteration", steady_base, None))
     rows.append(fmt_row("ExperienceDock, 3rd iter.", steady, steady_total))
+    bounds.append(fmt_bound("ExperienceDock, 3rd iter.", steady))
     if not args.no_ray:
         import ray
 
         from entrepot.dock.ray import RayDockClient
 
         ray.init(num_cpus=2, object_store_memory=1 << 30, include_dashboard=False, log_to_driver=False)
-        remote_base = run_baseline(work, num_prompts, remote=True)
-        remote_total = sum(remote_base.put_s) + sum(remote_base.get_s)
-        client = RayDockClient.launch(GRPODock, prompts_num=num_prompts, n_samples_per_prompt=N_SAMPLES)
-        client.reset()  # waits for the actor to start, not timed
+        try:
+            remote_base = run_baseline(work, num_prompts, remote=True)
+            remote_total = sum(remote_base.put_s) + sum(remote_base.get_s)
+            client = RayDockClient.launch(GRPODock, prompts_num=num_prompts, n_samples_per_prompt=N_SAMPLES)
+            client.reset()  # waits for the actor to start, not timed
+            remote = run_ours(client, work, num_rows, bound)
+            for _ in range(2):  # the third iteration: Ray's object store memory has been used once
+                client.clear()
+                remote_steady = run_ours(client, work, num_rows, bound)
+        finally:
+            ray.shutdown()
         rows.append(fmt_row("seed design, Ray actor", remote_base, None))
-        rows.append(fmt_row("ExperienceDock Ray actor", run_ours(client, work, num_rows), remote_total))
-        ray.shutdown()
+        rows.append(fmt_row("ExperienceDock Ray actor", remote, remote_total))
+        rows.append(fmt_row("ExperienceDock Ray, iter 3", remote_steady, None))
+        bounds.append(fmt_bound("ExperienceDock Ray actor", remote, ray_target=1.0))
+        bounds.append(fmt_bound("ExperienceDock Ray, iter 3", remote_steady, ray_target=1.0))
 
     header = (
         "| implementation             | put s   | p50 ms  | max ms  | GB/s   | get s   | p50 ms  | max ms  "
@@ -264,6 +334,16 @@ def main() -> None:
     print(header)
     print("|" + "|".join("-" * (len(cell)) for cell in header.split("|")[1:-1]) + "|")
     print("\n".join(rows))
+    print()
+    print("Against the bounds (copy: torch copy_ of the same bytes per call, measured beside each call;")
+    print("targets: in-process put / copy and get / copy >= 0.5, Ray get / 1 GB/s >= 1):")
+    header = (
+        "| run                        | put GB/s | copy GB/s | put/copy | get GB/s | copy GB/s | get/copy "
+        "| Ray target              |"
+    )
+    print(header)
+    print("|" + "|".join("-" * (len(cell)) for cell in header.split("|")[1:-1]) + "|")
+    print("\n".join(bounds))
 
     big_dock = GRPODock(1_000_000 // N_SAMPLES, N_SAMPLES)
     big = run_ours(big_dock, work, num_rows)

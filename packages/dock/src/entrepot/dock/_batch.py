@@ -9,8 +9,8 @@ from typing import Literal
 import torch
 from tensordict import TensorDict
 
-from entrepot.batching import pad
 from entrepot.dock._leases import Lease
+from entrepot.dock._rowcopy import RowSource, pad_rows
 
 Layout = Literal["padded", "packed"]
 LAYOUTS = ("padded", "packed")
@@ -76,28 +76,31 @@ class Batch:
 
 def build_batch(
     indexes: torch.Tensor,
-    raw: Mapping[str, tuple[torch.Tensor | list[torch.Tensor], torch.Tensor | None]],
+    raw: Mapping[str, tuple[torch.Tensor | RowSource, torch.Tensor | None]],
     ages: torch.Tensor,
     layout: Layout,
     pad_value: float = 0,
     pad_multiple: int = 1,
 ) -> Batch:
-    """Lay out gathered columns: (flat [T_c] or B row views, lengths [B]); scalars as (values [B], None)."""
+    """Lay out gathered columns: (flat [T_c] or a RowSource, lengths [B]); scalars as (values [B], None).
+
+    The packed layout takes flat tensors as they are; the padded layout copies each row once, out
+    of a flat tensor or from where a RowSource says it is (e.g. the store's segments), into [B, L_c].
+    """
     num_rows = int(indexes.numel())
     lengths = {name: lens for name, (_, lens) in raw.items() if lens is not None}
     if layout == "packed":
-        packed = {
-            name: torch.cat(flat) if isinstance(flat, list) else flat for name, (flat, _) in raw.items()
-        }
-        data = TensorDict(packed, batch_size=[])
+        assert all(isinstance(rows, torch.Tensor) for rows, _ in raw.values())  # flat [T_c] / values [B]
+        data = TensorDict({name: rows for name, (rows, _) in raw.items()}, batch_size=[])
         return Batch(indexes, data, lengths, layout, ages)
     columns: dict[str, torch.Tensor] = {}
-    for name, (flat, lens) in raw.items():
+    for name, (rows, lens) in raw.items():
         if lens is None:
-            assert isinstance(flat, torch.Tensor)
-            columns[name] = flat
+            assert isinstance(rows, torch.Tensor)
+            columns[name] = rows
         elif num_rows == 0:
-            columns[name] = torch.empty((0, 0), dtype=flat.dtype if isinstance(flat, torch.Tensor) else None)
+            columns[name] = torch.empty((0, 0), dtype=rows.dtype)
         else:
-            columns[name], _ = pad(flat if isinstance(flat, list) else (flat, lens), pad_value, pad_multiple)
+            source = rows if isinstance(rows, RowSource) else RowSource.packed(rows, lens)
+            columns[name] = pad_rows(source, pad_value, pad_multiple)
     return Batch(indexes, TensorDict(columns, batch_size=[num_rows]), lengths, layout, ages)

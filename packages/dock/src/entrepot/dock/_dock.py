@@ -210,9 +210,8 @@ class ExperienceDock(DockLifecycle):
                 self._write(name, rows, column)
             if ack is not None:
                 self._ack_rows(ack, rows)
-            new_rows = ~self._live[rows]
-            self._num_live += int(new_rows.sum())
-            self._live[rows] = True
+            self._num_live += rows.numel() - int(self._live.index_select(0, rows).sum())
+            self._live.index_fill_(0, rows, True)
             if done is not None:
                 self._mark_completed(rows, done)
             self._counts["puts"] += 1
@@ -268,7 +267,7 @@ class ExperienceDock(DockLifecycle):
         else:
             assert column.lengths is not None and isinstance(store, SequenceColumn)  # checked above
             store.write(rows, column, column.lengths, self._ready[c])
-        self._ready[c, rows] = True
+        self._ready[c].index_fill_(0, rows, True)
 
     # ------------------------------------------------------------------ get
 
@@ -334,7 +333,7 @@ class ExperienceDock(DockLifecycle):
         if taken is None:
             return None
         try:
-            raw = taken.gather(as_views=layout == "padded")
+            raw = taken.gather(layout)
             batch = build_batch(taken.rows, raw, taken.ages, layout, pad_value, pad_multiple)
         except BaseException:
             self._untake(consumer, taken)
@@ -575,7 +574,7 @@ class ExperienceDock(DockLifecycle):
         return None  # not ready yet, or held under a lease that may still hand them back
 
     def _mark_consumed(self, k: int, rows: torch.Tensor) -> None:
-        self._consumed[k, rows] = True
+        self._consumed[k].index_fill_(0, rows, True)
         self._num_consumed[k] += rows.numel()
         self._count_delivery(k, rows)
         self._advance_watermark(k)
@@ -597,7 +596,7 @@ class ExperienceDock(DockLifecycle):
             store = self._stores[name]
             assert store is not None  # the rows are ready in this column, so it was written
             parts[name] = store.read(rows) if isinstance(store, ScalarColumn) else store.snapshot(rows)
-        return Taken(rows.clone(), parts, self._age[rows].clone())
+        return Taken(rows.clone(), parts, self._age.index_select(0, rows))
 
     def peek(
         self,
@@ -620,7 +619,7 @@ class ExperienceDock(DockLifecycle):
                     raise NotReadyError(name, int(rows[missing[0, 0]]))
             taken = self._snapshot(columns, rows)
         try:
-            raw = taken.gather(as_views=layout == "padded")
+            raw = taken.gather(layout)
             return build_batch(taken.rows, raw, taken.ages, layout, pad_value, pad_multiple)
         finally:
             self._done_reading()

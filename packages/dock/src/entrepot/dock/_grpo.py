@@ -7,11 +7,11 @@ from typing import Any
 
 import torch
 
-from entrepot.batching import unpack
 from entrepot.dock._columns import ColumnSpec
 from entrepot.dock._dock import ExperienceDock
 from entrepot.dock._errors import DockConfigError, DockFullError, InvalidArgumentError
 from entrepot.dock._inputs import ColumnData, normalize_column
+from entrepot.dock._rowcopy import RowSource
 
 _SEQ = ColumnSpec(scalar=False)
 _SCALAR = ColumnSpec(scalar=True)
@@ -116,7 +116,7 @@ class GRPODock(ExperienceDock):
             raise InvalidArgumentError(
                 f"n_samples_per_prompt is {n} in this dock, got {n_samples_per_prompt}"
             )
-        num_prompts = _count_rows(prompts, lengths)
+        num_prompts = count_prompts(prompts, lengths)
         column = normalize_column("prompts", prompts, lengths, num_prompts, False)
         extras = {
             name: normalize_column(
@@ -143,7 +143,8 @@ class GRPODock(ExperienceDock):
         return rows
 
 
-def _count_rows(prompts: Any, lengths: Any) -> int:
+def count_prompts(prompts: Any, lengths: Any) -> int:
+    """How many prompts `put_prompts` was given (in any of its forms)."""
     if lengths is not None:
         return int(torch.as_tensor(lengths).numel())
     if isinstance(prompts, tuple) and len(prompts) == 2 and isinstance(prompts[1], torch.Tensor):
@@ -153,9 +154,11 @@ def _count_rows(prompts: Any, lengths: Any) -> int:
     return len(prompts)
 
 
-def _fan_out(column: ColumnData, n: int) -> Any:
-    """Each row repeated n times, as a put-able value."""
+def _fan_out(column: ColumnData, n: int) -> ColumnData:
+    """Each row repeated n times (the copies point at the row; the store copies each once)."""
     if column.lengths is None:
-        return column.flat.repeat_interleave(n)
-    rows = unpack(column.flat, column.lengths)
-    return [row for row in rows for _ in range(n)]
+        return ColumnData(column.flat.repeat_interleave(n), None)
+    starts = torch.cumsum(column.lengths, 0) - column.lengths
+    lengths = column.lengths.repeat_interleave(n)
+    rows = RowSource([column.flat], None, starts.repeat_interleave(n), lengths)
+    return ColumnData(None, lengths, rows=rows)

@@ -24,14 +24,16 @@ from entrepot.dock._errors import (
     LengthMismatchError,
     RowCountMismatchError,
 )
+from entrepot.dock._rowcopy import RowSource, gather_into, unpad_into
 
 
 class ColumnData:
-    """One column of a put, unpadded: B row tensors (or their flat concatenation) + lengths int64 [B],
-    or values [B] with lengths None.
+    """One column of a put, unpadded: B rows + lengths int64 [B], or values [B] with lengths None.
 
-    Rows given as views (of a padded tensor or a list) are copied once, straight into the store,
-    by `copy_into`; `flat` concatenates them only when a caller needs one tensor.
+    Rows are held as the caller gave them: a flat tensor, a list of row tensors, a padded [B, L]
+    tensor, or (put_prompts' fan-out) a RowSource. `copy_into` copies the valid part once, straight
+    into the store (padded and RowSource rows a memcpy each, see _rowcopy); `flat` makes one tensor
+    only when a caller needs it.
     """
 
     def __init__(
@@ -39,10 +41,14 @@ class ColumnData:
         flat: torch.Tensor | None,
         lengths: torch.Tensor | None,
         pieces: list[torch.Tensor] | None = None,
+        padded: torch.Tensor | None = None,
+        rows: RowSource | None = None,
     ) -> None:
         self._flat = flat
         self.lengths = lengths
         self._pieces = pieces
+        self._padded = padded
+        self._rows = rows
 
     @property
     def scalar(self) -> bool:
@@ -52,6 +58,10 @@ class ColumnData:
     def dtype(self) -> torch.dtype:
         if self._flat is not None:
             return self._flat.dtype
+        if self._padded is not None:
+            return self._padded.dtype
+        if self._rows is not None:
+            return self._rows.dtype
         assert self._pieces  # a column of zero rows is built with a flat tensor
         return self._pieces[0].dtype
 
@@ -65,17 +75,23 @@ class ColumnData:
     @property
     def flat(self) -> torch.Tensor:
         if self._flat is None:
-            assert self._pieces is not None
-            self._flat = torch.cat(self._pieces)
-            self._pieces = None
+            flat = torch.empty(self.numel, dtype=self.dtype)
+            self.copy_into(flat)
+            self._flat, self._pieces, self._padded, self._rows = flat, None, None, None
         return self._flat
 
     def copy_into(self, out: torch.Tensor) -> None:
         """Write the values back to back into `out` [numel] (converting to its dtype)."""
-        if self._pieces is not None:
+        if self._padded is not None:
+            assert self.lengths is not None
+            unpad_into(self._padded, self.lengths, out)
+        elif self._rows is not None:
+            gather_into(self._rows, out)
+        elif self._pieces is not None:
             torch.cat(self._pieces, out=out)
         else:
-            out.copy_(self.flat)
+            assert self._flat is not None
+            out.copy_(self._flat)
 
 
 def as_index_tensor(indexes: Any, capacity: int) -> torch.Tensor:
@@ -87,12 +103,16 @@ def as_index_tensor(indexes: Any, capacity: int) -> torch.Tensor:
         raise ColumnLayoutError(
             "indexes", f"must be a 1-D sequence of integers, got shape {tuple(rows.shape)} {rows.dtype}"
         )
-    rows = rows.to(torch.int64)
+    if rows.dtype != torch.int64:
+        rows = rows.to(torch.int64)
     if rows.numel() == 0:
         return rows
-    bad = ((rows < 0) | (rows >= capacity)).nonzero()
-    if bad.numel():
+    low, high = (int(bound) for bound in torch.aminmax(rows))
+    if low < 0 or high >= capacity:
+        bad = ((rows < 0) | (rows >= capacity)).nonzero()
         raise IndexOutOfRangeError(int(rows[bad[0, 0]]), capacity)
+    if bool((rows[1:] > rows[:-1]).all()):
+        return rows  # strictly ascending, so distinct (the usual case): no sort
     sorted_rows, _ = torch.sort(rows)
     dup = (sorted_rows[1:] == sorted_rows[:-1]).nonzero()
     if dup.numel():
@@ -108,7 +128,8 @@ def _as_lengths(column: str, lengths: Any, num_rows: int) -> torch.Tensor:
         )
     if lengths.numel() != num_rows:
         raise RowCountMismatchError(column, num_rows, lengths.numel())
-    lengths = lengths.to(torch.int64)
+    if lengths.dtype != torch.int64:
+        lengths = lengths.to(torch.int64)
     if lengths.numel() and int(lengths.min()) < 0:
         raise LengthMismatchError(column, f"lengths must be >= 0, got {int(lengths.min())}")
     return lengths
@@ -158,32 +179,38 @@ def _from_tensor(
             column,
             f"row {row} has length {int(lens[row])} but the padded tensor is only {data.shape[1]} wide",
         )
-    # Views of the valid part of each row: the store copies them once; the padding is never kept.
-    return ColumnData(None, lens, [row[:n] for row, n in zip(data.unbind(0), lens.tolist(), strict=True)])
+    # The store copies the valid part of each row once; the padding is never kept.
+    return ColumnData(None, lens, padded=data)
 
 
 def normalize_column(
     column: str, value: Any, lengths: Any, num_rows: int, scalar_hint: bool | None
 ) -> ColumnData:
     """One column of a put, in any accepted form, as ColumnData with its row count checked."""
+    if isinstance(value, ColumnData):  # already normalised (GRPODock.put_prompts' fan-out)
+        out = value
+    else:
+        out = _from_value(column, value, lengths, num_rows, scalar_hint)
+    rows = out.numel if out.lengths is None else out.lengths.numel()
+    if rows != num_rows:
+        raise RowCountMismatchError(column, num_rows, rows)
+    return out
+
+
+def _from_value(column: str, value: Any, lengths: Any, num_rows: int, scalar_hint: bool | None) -> ColumnData:
     if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], torch.Tensor):
         if lengths is not None:
             raise ColumnLayoutError(column, "lengths given twice (in the tuple and in `lengths`)")
         value, lengths = value
     if isinstance(value, torch.Tensor):
-        out = _from_tensor(column, value.detach(), lengths, num_rows, scalar_hint)
-    elif isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return _from_tensor(column, value.detach(), lengths, num_rows, scalar_hint)
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
         if lengths is not None:
             raise ColumnLayoutError(
                 column, "a list of tensors carries its own lengths; do not pass `lengths`"
             )
-        out = _from_list(column, value, scalar_hint)
-    else:
-        raise ColumnLayoutError(column, f"cannot store a {type(value).__name__}; pass tensors (see put)")
-    rows = out.numel if out.lengths is None else out.lengths.numel()
-    if rows != num_rows:
-        raise RowCountMismatchError(column, num_rows, rows)
-    return out
+        return _from_list(column, value, scalar_hint)
+    raise ColumnLayoutError(column, f"cannot store a {type(value).__name__}; pass tensors (see put)")
 
 
 def normalize_put(

@@ -52,16 +52,17 @@ class Taken:
                 parts[name] = part[order]
         return Taken(self.rows[order], parts, self.ages[order], self.lease)
 
-    def gather(self, as_views: bool = False) -> dict[str, tuple[Any, torch.Tensor | None]]:
-        """column -> (flat [T_c], lengths int64 [B]) for sequences, (values [B], None) for scalars.
+    def gather(self, layout: str) -> dict[str, tuple[Any, torch.Tensor | None]]:
+        """column -> (rows, lengths int64 [B]) for sequences, (values [B], None) for scalars.
 
-        With `as_views`, sequences come as B views of the store's buffer instead of a flat copy
-        (for the padded layout, which then copies each row once, straight into the padded tensor).
+        Sequence rows come as one flat copy [T_c] for the `packed` layout, and for `padded` as where
+        they are in the store's segments (a `RowSource`, no copy): the padded layout copies them once,
+        straight into the padded tensor.
         """
         out: dict[str, tuple[Any, torch.Tensor | None]] = {}
         for name, part in self.parts.items():
             if isinstance(part, SeqSnapshot):
-                out[name] = (part.views() if as_views else part.gather(), part.lengths)
+                out[name] = (part.rows() if layout == "padded" else part.gather(), part.lengths)
             else:
                 out[name] = (part, None)
         return out

@@ -32,7 +32,8 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
 from entrepot.dock._batch import LAYOUTS, Batch, Layout, build_batch
 from entrepot.dock._dock import ExperienceDock
 from entrepot.dock._errors import DockStateError, InvalidArgumentError
-from entrepot.dock._inputs import normalize_put
+from entrepot.dock._grpo import count_prompts
+from entrepot.dock._inputs import normalize_column, normalize_put
 from entrepot.dock._leases import Lease
 from entrepot.dock._wire import WireLayout, as_uint8, decode, encode_taken, plan, views
 
@@ -221,13 +222,15 @@ class RayDockClient:
             return None
         wire_layout, array, granted = reply
         rows, raw, ages = decode(wire_layout, as_uint8(array))
-        if layout == "packed":  # the received buffer is read-only shared memory: hand out copies
-            raw = {name: (flat.clone(), lengths) for name, (flat, lengths) in raw.items()}
-        raw = {
-            name: (flat, None if lengths is None else lengths.clone())
-            for name, (flat, lengths) in raw.items()
-        }
-        batch = build_batch(rows.clone(), raw, ages.clone(), layout, pad_value, pad_multiple)
+        # The received buffer is read-only shared memory: the batch holds copies (scalars cloned
+        # too). The padded layout copies each row itself, straight out of the buffer.
+        copied: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        for name, (flat, lengths) in raw.items():
+            if lengths is None:
+                copied[name] = (flat.clone(), None)
+            else:
+                copied[name] = (flat if layout == "padded" else flat.clone(), lengths.clone())
+        batch = build_batch(rows.clone(), copied, ages.clone(), layout, pad_value, pad_multiple)
         return batch if granted is None else replace(batch, lease=granted)
 
     def ack(self, lease: Lease, indexes: Sequence[int] | torch.Tensor | None = None) -> None:
@@ -239,10 +242,13 @@ class RayDockClient:
         return int(self._call("release", lease))
 
     def put_prompts(
-        self, prompts: Any, n_samples_per_prompt: int | None = None, **kwargs: Any
+        self, prompts: Any, n_samples_per_prompt: int | None = None, *, lengths: Any = None, **kwargs: Any
     ) -> torch.Tensor:
-        """GRPODock.put_prompts in the actor."""
-        result: torch.Tensor = self._call("put_prompts", prompts, n_samples_per_prompt, **kwargs)
+        """GRPODock.put_prompts in the actor; the prompts travel packed (two tensors, not one per prompt)."""
+        column = normalize_column("prompts", prompts, lengths, count_prompts(prompts, lengths), False)
+        assert column.lengths is not None  # sequences
+        packed = (column.flat, column.lengths)
+        result: torch.Tensor = self._call("put_prompts", packed, n_samples_per_prompt, **kwargs)
         return result
 
     def peek(self, columns: Sequence[str], indexes: Sequence[int] | torch.Tensor, **kwargs: Any) -> Batch:

@@ -1,0 +1,70 @@
+"""Row copies (_rowcopy): what goes in padded comes out padded, byte for byte, whatever the layout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+from entrepot.dock import ColumnSpec, ExperienceDock
+from entrepot.dock._rowcopy import RowSource, pad_rows, unpad_into
+
+DTYPES = [torch.int64, torch.int32, torch.int8, torch.float32, torch.float16, torch.bfloat16, torch.bool]
+
+
+def _padded(lengths: list[int], dtype: torch.dtype, extra: int = 0) -> torch.Tensor:
+    """[B, max(lengths) + extra] random values of `dtype` (bool: alternating)."""
+    gen = torch.Generator().manual_seed(len(lengths))
+    values = torch.randint(-50, 50, (len(lengths), max(lengths, default=0) + extra), generator=gen)
+    return values % 2 == 0 if dtype == torch.bool else values.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_unpad_then_pad_round_trips_every_dtype(dtype):
+    lengths = [3, 0, 5, 1]
+    padded = _padded(lengths, dtype, extra=2)
+    flat = torch.empty(sum(lengths), dtype=dtype)
+    unpad_into(padded, torch.tensor(lengths), flat)
+    assert torch.equal(flat, torch.cat([row[:n] for row, n in zip(padded, lengths, strict=True)]))
+    pad_value = True if dtype == torch.bool else 7
+    out = pad_rows(RowSource.packed(flat, torch.tensor(lengths)), pad_value, pad_multiple=4)
+    rows = list(torch.split(flat, lengths))
+    expected = pad_sequence(rows, batch_first=True, padding_value=pad_value)
+    expected = torch.nn.functional.pad(expected, (0, 8 - expected.shape[1]), value=pad_value)
+    assert out.dtype == dtype and torch.equal(out, expected)
+
+
+LAYOUTS = ["rows of a wider tensor", "every other row", "column-major", "int32", "0 wide"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_put_of_unusual_padded_layouts_stores_the_valid_values(layout):
+    base = _padded([4, 4, 4, 4, 4, 4], torch.int64, extra=3)  # [6, 7]
+    padded = {
+        "rows of a wider tensor": base[:4, :4],  # row stride 7
+        "every other row": base[::2, :4],  # row stride 14
+        "column-major": base[:4, :4].t().contiguous().t(),
+        "int32": base[:4, :4].to(torch.int32),  # converted to the column's int64
+        "0 wide": base[:4, :0],
+    }[layout]
+    lengths = torch.tensor([0, 0, 0, 0] if layout == "0 wide" else [2, 4, 0, 3])[: padded.shape[0]]
+    dock = ExperienceDock(8, columns={"x": ColumnSpec(dtype=torch.int64, scalar=False)}, consumers=["c"])
+    rows = torch.arange(padded.shape[0])
+    dock.put({"x": padded}, rows, lengths={"x": lengths})
+    batch = dock.peek(["x"], rows, layout="packed")
+    expected = torch.cat([row[:n] for row, n in zip(padded, lengths.tolist(), strict=True)])
+    assert torch.equal(batch.data["x"], expected.to(torch.int64))
+
+
+def test_padded_get_of_rows_in_several_segments_and_orders():
+    dock = ExperienceDock(64, columns=["x"], consumers=["c"])
+    expected = {}
+    for start in range(0, 64, 8):  # 8 puts grow the store over several segments
+        lengths = [(start + i) % 7 * 300 for i in range(8)]
+        padded = _padded(lengths, torch.int64)
+        dock.put({"x": padded}, range(start, start + 8), lengths={"x": torch.tensor(lengths)})
+        expected.update({start + i: padded[i, :n] for i, n in enumerate(lengths)})
+    assert len(dock._stores["x"].segments) > 2  # the point of the test: rows come from several
+    order = torch.randperm(64, generator=torch.Generator().manual_seed(0))
+    batch = dock.peek(["x"], order, pad_value=-1)
+    assert torch.equal(batch.data["x"], pad_sequence([expected[int(r)] for r in order], True, -1))
