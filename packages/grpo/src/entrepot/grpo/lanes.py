@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TypeVar
 
 import torch
@@ -72,9 +72,10 @@ def run_lanes(fn: Callable[[T], R], parts: Sequence[T]) -> list[R]:
         with torch.set_grad_enabled(grad):
             return fn(part)
 
-    futures = [_executor(len(parts) - 1).submit(lane, part) for part in parts[1:]]
+    pool = _executor(len(parts) - 1)
+    futures = [pool.submit(lane, part) for part in parts[1:]]
     try:
         first = fn(parts[0])
     finally:
-        rest = [future.result() for future in futures]  # wait for all before anything is raised
-    return [first, *rest]
+        wait(futures)  # every lane done before anything is raised (or returned)
+    return [first, *(future.result() for future in futures)]
