@@ -65,6 +65,13 @@ class Workload:
     prompt_bytes: int
 
 
+def _print_table(header: str, rows: list[str]) -> None:
+    """A markdown table: `header`, a separator as wide as each header cell, then `rows`."""
+    print(header)
+    print("|" + "|".join("-" * len(cell) for cell in header.split("|")[1:-1]) + "|")
+    print("\n".join(rows))
+
+
 def make_workload(num_prompts: int, seed: int = 0) -> Workload:
     gen = torch.Generator().manual_seed(seed)
     num_rows = num_prompts * N_SAMPLES
@@ -331,9 +338,7 @@ def main() -> None:
         "| implementation             | put s   | p50 ms  | max ms  | GB/s   | get s   | p50 ms  | max ms  "
         "| GB/s   | total s | vs base | stored / held MB |"
     )
-    print(header)
-    print("|" + "|".join("-" * (len(cell)) for cell in header.split("|")[1:-1]) + "|")
-    print("\n".join(rows))
+    _print_table(header, rows)
     print()
     print("Against the bounds (copy: torch copy_ of the same bytes per call, measured beside each call;")
     print("targets: in-process put / copy and get / copy >= 0.5, Ray get / 1 GB/s >= 1):")
@@ -341,9 +346,7 @@ def main() -> None:
         "| run                        | put GB/s | copy GB/s | put/copy | get GB/s | copy GB/s | get/copy "
         "| Ray target              |"
     )
-    print(header)
-    print("|" + "|".join("-" * (len(cell)) for cell in header.split("|")[1:-1]) + "|")
-    print("\n".join(bounds))
+    _print_table(header, bounds)
 
     big_dock = GRPODock(1_000_000 // N_SAMPLES, N_SAMPLES)
     big = run_ours(big_dock, work, num_rows)
