@@ -2,7 +2,8 @@
 
 `ExperienceDock` is the core store (rows x columns, ready and consumed bitmaps, blocking gets);
 `GRPODock` is its GRPO preset; `DockClient` is the protocol stages program against;
-`entrepot.dock.ray` (extra `ray`) runs a dock in a Ray actor; `dispatch_get` hands a batch to a
+`entrepot.dock.ray` (extra `ray`) runs a dock in a Ray actor, `entrepot.dock.sharded` spreads one
+over Ray nodes; `dispatch_get` hands a batch to a
 whole model-parallel group with a constant number of collectives.
 """
 
@@ -17,6 +18,7 @@ from entrepot.dock._errors import (
     DockConfigError,
     DockError,
     DockFullError,
+    DockShardLostError,
     DockStateError,
     DockTimeout,
     DuplicateIndexError,
@@ -47,6 +49,7 @@ __all__ = [
     "DockConfigError",
     "DockError",
     "DockFullError",
+    "DockShardLostError",
     "DockStateError",
     "DockTimeout",
     "DuplicateIndexError",

@@ -161,3 +161,15 @@ class LeaseError(DockError, LookupError):
         self.lease_id = lease_id
         self.consumer = consumer
         super().__init__(f"lease {lease_id} of consumer {consumer!r} cannot be used: {reason}")
+
+
+class DockShardLostError(DockError, RuntimeError):
+    """A sharded dock's shard or controller died (its node or process is gone); the node is named."""
+
+    def __init__(self, part: str, node: str, detail: str) -> None:
+        self.part = part
+        self.node = node
+        super().__init__(
+            f"the dock's {part} on node {node} is lost ({detail}); the rows it held are gone: resume the "
+            "run from its last checkpoint"
+        )

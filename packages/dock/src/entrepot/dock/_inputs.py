@@ -80,6 +80,28 @@ class ColumnData:
             self._flat, self._pieces, self._padded, self._rows = flat, None, None, None
         return self._flat
 
+    def select(self, index: torch.Tensor) -> ColumnData:
+        """Rows `index` (int64 [b]) of this column; sequence rows are not copied (a RowSource to them)."""
+        if self.lengths is None:
+            return ColumnData(self.flat[index], None)
+        return ColumnData(None, self.lengths[index], rows=self._row_source().select(index))
+
+    def _row_source(self) -> RowSource:
+        """Where each row of a sequence column is, whatever form the caller gave it in."""
+        assert self.lengths is not None
+        if self._rows is not None:
+            return self._rows
+        if self._padded is not None:
+            padded = self._padded.cpu().contiguous()
+            starts = torch.arange(padded.shape[0], dtype=torch.int64) * padded.shape[1]
+            return RowSource([padded.reshape(-1)], None, starts, self.lengths)
+        if self._pieces is not None:
+            rows = torch.arange(len(self._pieces), dtype=torch.int64)
+            flat = [piece.reshape(-1) for piece in self._pieces]
+            return RowSource(flat, rows, torch.zeros_like(rows), self.lengths)
+        assert self._flat is not None
+        return RowSource.packed(self._flat, self.lengths)
+
     def copy_into(self, out: torch.Tensor) -> None:
         """Write the values back to back into `out` [numel] (converting to its dtype)."""
         if self._padded is not None:

@@ -96,6 +96,11 @@ class LeaseTable:
         held.deadline = now + seconds
         return held.lease, held.rows
 
+    def extend(self, lease: Lease, deadline: float) -> None:
+        """Keep `lease` (checked live by `held_rows`) from expiring before `deadline`."""
+        held = self._held[lease.id]
+        held.deadline = max(held.deadline, deadline)
+
     def expire(self, now: float) -> int:
         """Return the rows of every lease past its deadline to the pool; the number of rows returned."""
         returned = 0

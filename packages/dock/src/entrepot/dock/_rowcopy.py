@@ -46,6 +46,11 @@ class RowSource:
     def dtype(self) -> torch.dtype:
         return self.sources[0].dtype
 
+    def select(self, index: torch.Tensor) -> RowSource:
+        """Rows `index` (int64 [b]) of these rows, still where they are."""
+        which = None if self.which is None else self.which[index]
+        return RowSource(self.sources, which, self.starts[index], self.lengths[index])
+
 
 def as_bytes(tensor: torch.Tensor) -> memoryview:
     """The bytes of a contiguous 1-D CPU tensor as a writable memoryview (no copy)."""
