@@ -483,13 +483,18 @@ class ActorWorker:
         return {n: p.grad.detach().clone() for n, p in params if p.grad is not None}
 
     def runtime_info(self) -> dict[str, Any]:
-        """Thread settings and the rollout engine as this process sees them (tests check the Ray workers)."""
+        """Thread settings, the rollout engine and the Ray node (None without Ray) as this process sees
+        them: tests check the Ray workers."""
         import os
+        import sys
 
+        ray = sys.modules.get("ray")  # loaded in a Ray worker; never imported here for this
+        on_ray = ray is not None and ray.is_initialized()
         return {
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "torch_threads": torch.get_num_threads(),
             "pid": os.getpid(),
+            "node_id": ray.get_runtime_context().get_node_id() if on_ray else None,
             "rollout_tensor_parallel": getattr(self.policy.engine, "tensor_parallel", 1),
         }
 
