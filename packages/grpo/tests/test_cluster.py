@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,14 +28,26 @@ def ray_cluster() -> Iterator[Any]:
     """A head node and a second node, each with 1 CPU and a resource naming it; the driver not yet joined.
 
     Ray gives its nodes this machine's network address unless told that clusters are off: then
-    every node, and the driver, listen on 127.0.0.1 (the project's rule for local runs).
+    every node, and the driver, listen on 127.0.0.1 (the project's rule for local runs). Its files,
+    and its record of the cluster that ``ray_address=auto`` finds, go to a directory of this module:
+    a plain ``ray.init()`` elsewhere on the machine would otherwise join this cluster.
     """
     from ray._private import ray_constants
+    from ray._private.authentication.authentication_token_setup import (
+        enable_token_auth_by_default,
+        ensure_token_if_auth_enabled,
+    )
     from ray.cluster_utils import Cluster
 
     if ray.is_initialized():  # a local Ray left by another module: this module's runs join the cluster
         ray.shutdown()
+    files = tempfile.mkdtemp(prefix="ray-cluster-", dir="/tmp")  # short: Ray's socket paths go inside
     with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_TMPDIR", files)
+        patch.delenv("RAY_ADDRESS", raising=False)
+        # token auth as `ray start` turns it on, in the driver and (inherited) in the nodes alike
+        enable_token_auth_by_default()
+        ensure_token_if_auth_enabled(create_token_if_missing=True)
         patch.setenv(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, "0")  # the nodes' processes
         patch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)  # this process (the driver)
         cluster = Cluster(
@@ -48,10 +62,12 @@ def ray_cluster() -> Iterator[Any]:
         finally:
             ray.shutdown()
             cluster.shutdown()
+            shutil.rmtree(files, ignore_errors=True)
 
 
-def _overrides(cluster: Any, *more: str) -> list[str]:
-    return [*SMALL, f"resources.ray_address={cluster.address}", "resources.num_actor_workers=2",
+def _overrides(*more: str) -> list[str]:
+    """Two DP replicas on the running cluster (``auto``: the one `ray start`, here the fixture, recorded)."""
+    return [*SMALL, "resources.ray_address=auto", "resources.num_actor_workers=2",
             "rollout.prompts_per_step=8", "resources.custom_resources_per_worker={accel: 1}", *more]  # fmt: skip
 
 
@@ -65,7 +81,7 @@ def _replica_nodes(lines: list[str]) -> dict[int, tuple[str, str]]:
 
 
 def test_each_replica_runs_on_its_own_node(ray_cluster: Any, tmp_path: Path) -> None:
-    config = load_config(None, _overrides(ray_cluster, "max_steps=3", "checkpoint.save_every=0"))
+    config = load_config(None, _overrides("max_steps=2", "checkpoint.save_every=0"))
     lines: list[str] = []
     held: list[float] = []
 
@@ -78,9 +94,9 @@ def test_each_replica_runs_on_its_own_node(ray_cluster: Any, tmp_path: Path) -> 
     assert sorted(replicas) == [0, 1]
     assert replicas[0][1] != replicas[1][1] and {r[1] for r in replicas.values()} == nodes  # one per node
     assert {r[0] for r in replicas.values()} == {"127.0.0.1"}
-    assert held == [2.0] * 3  # {accel: 1} reserved for each of the two actor ranks, the whole run
+    assert held == [2.0] * 2  # {accel: 1} reserved for each of the two actor ranks, the whole run
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2, 3] and result.steps == 3
+    assert [r["step"] for r in rows] == [1, 2] and result.steps == 2
     for row in rows:
         assert 0.0 <= row["reward_mean"] <= 1.0 and row["grad_norm"] > 0  # each step trained
         assert row["dock/actor_train/rows"] == 64  # both replicas read their planned rows
@@ -91,7 +107,7 @@ def test_a_dead_worker_is_named_by_its_node_and_resume_finishes(ray_cluster: Any
     from entrepot.grpo.trainer import Trainer
     from entrepot.grpo.workers import ActorWorker, wait_all
 
-    config = load_config(None, _overrides(ray_cluster, "max_steps=3", "checkpoint.save_every=1"))
+    config = load_config(None, _overrides("max_steps=2", "checkpoint.save_every=1"))
     run = tmp_path / "run"
     trainer = Trainer(config, run)
     try:
@@ -100,7 +116,7 @@ def test_a_dead_worker_is_named_by_its_node_and_resume_finishes(ray_cluster: Any
         assert [info["node_id"] for info in infos] == [node.node_id for node in nodes]  # where placed
         assert nodes[0].node_id != nodes[1].node_id
 
-        def kill_rank_1(metrics: dict[str, Any]) -> None:  # after step 2, before its checkpoint
+        def kill_rank_1(metrics: dict[str, Any]) -> None:  # after the last step, before its checkpoint
             if metrics["step"] == 2:
                 ray.kill(trainer.actors.actors[1])  # type: ignore[attr-defined]
 
@@ -116,6 +132,6 @@ def test_a_dead_worker_is_named_by_its_node_and_resume_finishes(ray_cluster: Any
     lines: list[str] = []
     result = train(config, run, resume=True, on_startup=lines.append)
     assert json.loads((run / "resumed_from.json").read_text())["step"] == 1
-    assert result.steps == 3 and [r["step"] for r in result.history] == [2, 3]
-    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2, 3]
+    assert result.steps == 2 and [r["step"] for r in result.history] == [2]
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]  # step 2 once
     assert len({node for _, node in _replica_nodes(lines).values()}) == 2  # both nodes again
