@@ -67,8 +67,10 @@ def ray_cluster() -> Iterator[Any]:
 
 def _overrides(*more: str) -> list[str]:
     """Two DP replicas on the running cluster (``auto``: the one `ray start`, here the fixture, recorded)."""
-    return [*SMALL, "resources.ray_address=auto", "resources.num_actor_workers=2",
-            "rollout.prompts_per_step=8", "resources.custom_resources_per_worker={accel: 1}", *more]  # fmt: skip
+    return [
+        *SMALL, "resources.ray_address=auto", "resources.num_actor_workers=2", "rollout.prompts_per_step=8",
+        "resources.custom_resources_per_worker={accel: 1}", *more,
+    ]  # fmt: skip
 
 
 def _replica_nodes(lines: list[str]) -> dict[int, tuple[str, str]]:
