@@ -490,11 +490,12 @@ class ActorWorker:
 
         ray = sys.modules.get("ray")  # loaded in a Ray worker; never imported here for this
         on_ray = ray is not None and ray.is_initialized()
+        node_id = ray.get_runtime_context().get_node_id() if ray is not None and on_ray else None
         return {
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "torch_threads": torch.get_num_threads(),
             "pid": os.getpid(),
-            "node_id": ray.get_runtime_context().get_node_id() if on_ray else None,
+            "node_id": node_id,
             "rollout_tensor_parallel": getattr(self.policy.engine, "tensor_parallel", 1),
         }
 

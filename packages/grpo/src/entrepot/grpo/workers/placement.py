@@ -83,6 +83,7 @@ class Placement:
         try:
             ray.get(self.group.ready(), timeout=_PLACEMENT_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
+            self.remove()  # no half-placed group left holding resources
             what = f"{num_bundles} replicas" if replicas else f"{num_bundles} {name} workers"
             raise GRPOError(
                 f"Ray could not place {what} of {bundle} each within {_PLACEMENT_TIMEOUT_S:.0f} s; the "
