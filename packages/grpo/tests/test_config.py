@@ -121,6 +121,10 @@ def test_impossible_layouts_are_refused_naming_the_key(overrides: list[str], key
         (["logging.metrics_file=/tmp/x.jsonl"], "logging.metrics_file"),
         (["logging.metrics_file=logs/../../x.jsonl"], "logging.metrics_file"),
         (["logging.metrics_file="], "logging.metrics_file"),
+        (["resources.custom_resources_per_worker={NPU: 1.5}"], "resources.custom_resources_per_worker.NPU"),
+        (["resources.custom_resources_per_worker={NPU: -1}"], "resources.custom_resources_per_worker.NPU"),
+        (["resources.custom_resources_per_worker={GPU: 1}"], "resources.custom_resources_per_worker.GPU"),
+        (['resources.custom_resources_per_worker={"": 1}'], "resources.custom_resources_per_worker"),
     ],
 )
 def test_deployments_that_cannot_hold_together_are_refused(overrides: list[str], key: str) -> None:

@@ -682,6 +682,15 @@ class ResourcesConfig:
     num_cpus_per_worker: float = field(
         default=0.01, metadata=_doc("Ray CPUs reserved per worker (fractional shares co-locate).")
     )
+    custom_resources_per_worker: dict[str, float] = field(
+        default_factory=dict,
+        metadata=_doc(
+            "Ray custom resources reserved per device worker (each actor rank, and the separate "
+            "reference / reward-model workers), e.g. {NPU: 1} on an Ascend cluster whose nodes were "
+            "started with --resources='{\"NPU\": 8}'. Name -> amount: a fraction up to 1 or a whole "
+            "number; CPUs and GPUs come from num_cpus_per_worker and engine.device."
+        ),
+    )
     stage_timeout_s: float = field(
         default=900.0,
         metadata=_doc(
@@ -697,6 +706,16 @@ class ResourcesConfig:
             self.num_cpus_per_worker >= 0, "resources.num_cpus_per_worker", self.num_cpus_per_worker, ">= 0"
         )
         _check(self.stage_timeout_s > 0, "resources.stage_timeout_s", self.stage_timeout_s, "> 0")
+        custom = self.custom_resources_per_worker
+        for name, amount in custom.items():
+            key = f"resources.custom_resources_per_worker.{name}"
+            _check(bool(name.strip()), "resources.custom_resources_per_worker", custom,
+                   "resource name -> amount, no empty name")  # fmt: skip
+            _check(name not in ("CPU", "GPU"), key, amount, "left out: CPUs come from "
+                   "resources.num_cpus_per_worker, GPUs from engine.device")  # fmt: skip
+            _check(isinstance(amount, (int, float)) and not isinstance(amount, bool), key, amount, "a number")
+            _check(amount >= 0 and (amount <= 1 or float(amount).is_integer()), key, amount,
+                   ">= 0, and a whole number when above 1 (Ray's rule for resource amounts)")  # fmt: skip
         for name in ("num_reference_workers", "num_reward_model_workers"):
             count = getattr(self, name)
             if count is None:
@@ -1011,6 +1030,10 @@ class GRPOConfig:
                 f"a cluster address (resources.ray_address={resources.ray_address})",
             ),
             (bool(os.environ.get("RAY_ADDRESS")), "a cluster address (RAY_ADDRESS)"),
+            (
+                bool(resources.custom_resources_per_worker),
+                "Ray custom resources (resources.custom_resources_per_worker)",
+            ),
         ]
         return [why for needed, why in needs if needed]
 

@@ -1,6 +1,7 @@
-"""A free TCP port on 127.0.0.1 for torch.distributed's rendezvous, chosen where nothing else takes it.
+"""A free TCP port for torch.distributed's rendezvous, chosen where nothing else takes it.
 
-The driver picks the port and rank 0 listens on it seconds later, once its worker has started. A
+The driver (or a task on rank 0's node of a cluster) picks the port and rank 0 listens on it seconds
+later, once its worker has started. A
 port from `bind(0)` lies in the kernel's ephemeral range, which every outgoing connection draws its
 local port from: with Ray's many connections one took the port in that window (EADDRINUSE in CI).
 Ports between Ray's worker ports (10002-19999 by default) and the ephemeral range are taken only by
@@ -27,22 +28,25 @@ def _ephemeral_start() -> int:
         return _DEFAULT_EPHEMERAL_START
 
 
-def _is_free(port: int) -> bool:
+def _is_free(host: str, port: int) -> bool:
     with socket.socket() as s:
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((host, port))
         except OSError:
             return False
     return True
 
 
-def free_local_port(tries: int = 200) -> int:
-    """A port on 127.0.0.1 free now and outside the ephemeral range (falls back to `bind(0)`)."""
+def free_local_port(tries: int = 200, host: str = "127.0.0.1") -> int:
+    """A port of this machine's `host` address free now and outside the ephemeral range (else `bind(0)`).
+
+    `host` is 127.0.0.1 for ranks on one machine, the node's cluster address for ranks across nodes.
+    """
     end = _ephemeral_start()
     if end - _ABOVE_RAY_WORKER_PORTS >= tries:
         for port in random.SystemRandom().sample(range(_ABOVE_RAY_WORKER_PORTS, end), tries):
-            if _is_free(port):
+            if _is_free(host, port):
                 return port
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])

@@ -14,6 +14,7 @@ from typing import Any
 
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.errors import DataError, GRPOConfigError
+from entrepot.grpo.ray_start import joins_a_cluster
 
 __all__ = ["check_inputs", "check_machine"]
 
@@ -43,7 +44,7 @@ def check_machine(config: GRPOConfig) -> None:
 def _check_device(config: GRPOConfig) -> None:
     kind = config.engine.device.split(":")[0]
     ranks = config.resources.num_actor_workers * config.parallel.train.model_parallel
-    if kind == "cuda":
+    if kind == "cuda" and not joins_a_cluster(config):  # on a cluster the workers' nodes hold the GPUs
         import torch
 
         found = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -52,7 +53,7 @@ def _check_device(config: GRPOConfig) -> None:
                 f"engine.device ({config.engine.device!r}) needs a CUDA GPU; torch {torch.__version__} "
                 "sees none on this machine (use engine.device=cpu, or a CUDA build of torch on a GPU host)"
             )
-        if ranks > found and config.resources.ray_address is None:
+        if ranks > found:
             raise GRPOConfigError(
                 f"engine.device ({config.engine.device!r}): the actor group has {ranks} ranks "
                 f"(DP x TP x PP), one GPU each, and this machine has {found}"
@@ -66,7 +67,7 @@ def _check_device(config: GRPOConfig) -> None:
 def _check_cpus(config: GRPOConfig) -> None:
     """A local Ray cluster has this machine's CPUs: every worker's reserved share must fit in them."""
     resources = config.resources
-    if not config.uses_ray() or resources.ray_address is not None:
+    if not config.uses_ray() or joins_a_cluster(config):
         return
     actor_ranks = resources.num_actor_workers * config.parallel.train.model_parallel
     workers = actor_ranks + resources.num_reward_workers

@@ -83,6 +83,9 @@ class Trainer:
         ranks = config.resources.num_actor_workers * config.parallel.train.model_parallel
         say(f"starting {ranks} actor rank(s) + {_other_workers(config)} {where}")
         self.cluster = launch(config, str(self.run_dir))  # Ray (when used) and the dock; workers start
+        placement = self.cluster.placement()
+        if placement is not None:  # on a cluster: which node each replica got (an error names it too)
+            say(placement)
         launched = time.perf_counter()
         self.dock = self.cluster.dock
         self.actors, self.rewards = self.cluster.actors, self.cluster.rewards

@@ -483,13 +483,19 @@ class ActorWorker:
         return {n: p.grad.detach().clone() for n, p in params if p.grad is not None}
 
     def runtime_info(self) -> dict[str, Any]:
-        """Thread settings and the rollout engine as this process sees them (tests check the Ray workers)."""
+        """Thread settings, the rollout engine and the Ray node (None without Ray) as this process sees
+        them: tests check the Ray workers."""
         import os
+        import sys
 
+        ray = sys.modules.get("ray")  # loaded in a Ray worker; never imported here for this
+        on_ray = ray is not None and ray.is_initialized()
+        node_id = ray.get_runtime_context().get_node_id() if ray is not None and on_ray else None
         return {
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "torch_threads": torch.get_num_threads(),
             "pid": os.getpid(),
+            "node_id": node_id,
             "rollout_tensor_parallel": getattr(self.policy.engine, "tensor_parallel", 1),
         }
 

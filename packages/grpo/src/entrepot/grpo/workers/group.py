@@ -11,9 +11,9 @@ a method that needs rank-specific input receives the plan for every rank and pic
 
 Two implementations, as the dock has two clients: `LocalWorkerGroup` (workers are objects in this
 process, calls run at once) and `entrepot.grpo.workers.ray_group.RayWorkerGroup` (one Ray actor per
-rank, one placement-group bundle per rank; calls return futures). `wait_all` waits on calls of
-several groups together and fails fast: the first failure raises `StageError` naming the stage, the
-worker and its rows, while the other calls may still be running.
+rank, placed by `entrepot.grpo.workers.placement`: a node per DP replica; calls return futures).
+`wait_all` waits on calls of several groups together and fails fast: the first failure raises
+`StageError` naming the stage, the worker and its rows, while the other calls may still be running.
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from entrepot.grpo.config import GRPOConfig
-from entrepot.grpo.ports import free_local_port
 from entrepot.grpo.ray_start import start_ray
 from entrepot.grpo.workers._model_rewards import MODEL_SCORES
 from entrepot.grpo.workers.actor import ActorWorker
@@ -32,6 +31,17 @@ class Cluster:
     ray_dock_actor: Any = None  # the Ray actor behind `dock`, killed on close
     references: WorkerGroup[ReferenceWorker] | None = None
     reward_models: WorkerGroup[RewardModelWorker] | None = None
+
+    def placement(self) -> str | None:
+        """Where each Ray group runs (``placement: actor dp 0 on node 10.0.0.1 (node id ...), ...``).
+
+        None when the workers run in this process.
+        """
+        from entrepot.grpo.workers.ray_group import RayWorkerGroup
+
+        groups = (self.actors, self.rewards, self.references, self.reward_models)
+        where = [group.placement.describe() for group in groups if isinstance(group, RayWorkerGroup)]
+        return "placement: " + "; ".join(where) if where else None
 
     def close(self) -> None:
         """Stop the workers and the dock actor (Ray itself stays up for the next run in this process)."""
@@ -86,13 +96,24 @@ def launch(config: GRPOConfig, run_dir: str | None = None) -> Cluster:
         )
 
     from entrepot.dock.ray import RayDockClient
+    from entrepot.grpo.workers.placement import Placement
     from entrepot.grpo.workers.ray_group import RayWorkerGroup
 
     start_ray(config)
     # the dock actor saves and loads checkpoints only inside the run directory
     files_root = None if run_dir is None else str(Path(run_dir).resolve())  # the driver's view of it
     dock = RayDockClient.launch(GRPODock, num_cpus=0, files_root=files_root, **dock_args)
-    dist_init = f"tcp://127.0.0.1:{free_local_port()}" if len(actor_ranks) > 1 else ""
+    train_device = config.engine.device.startswith("cuda")  # one GPU per actor rank (and separate worker)
+
+    def place(name: str, ranks: list[RankInfo], device: bool = True, replicas: bool = False) -> Placement:
+        """`ranks`' bundles: CPUs for every worker, the device (GPU, custom resources) for device workers."""
+        return Placement(
+            name, ranks, num_cpus=resources.num_cpus_per_worker, num_gpus=1 if device and train_device else 0,
+            resources=resources.custom_resources_per_worker if device else None, replicas=replicas,
+        )  # fmt: skip
+
+    actor_placement = place("actor", actor_ranks, replicas=True)  # a replica per node while nodes last
+    dist_init = actor_placement.rendezvous() if len(actor_ranks) > 1 else ""
 
     def actor_args(rank: RankInfo) -> tuple[Any, ...]:
         return (config, rank, dist_init, run_dir)
@@ -100,22 +121,20 @@ def launch(config: GRPOConfig, run_dir: str | None = None) -> Cluster:
     def reward_args(rank: RankInfo) -> tuple[Any, ...]:  # every role but the actor: (config, rank)
         return (config, rank)
 
-    cpus = resources.num_cpus_per_worker
-    gpus = 1 if config.engine.device.startswith("cuda") else 0  # one GPU per actor rank (and separate worker)
     references = None
     if wants_reference:
-        references = RayWorkerGroup("reference", ReferenceWorker, rank_layout(resources.reference_workers),
-                                    reward_args, num_cpus=cpus, num_gpus=gpus)  # fmt: skip
+        references = RayWorkerGroup(
+            ReferenceWorker, place("reference", rank_layout(resources.reference_workers)), reward_args
+        )
     reward_models = None
     if wants_reward_models:
         reward_models = RayWorkerGroup(
-            "reward_model", RewardModelWorker, rank_layout(resources.reward_model_workers), reward_args,
-            num_cpus=cpus, num_gpus=gpus,
-        )  # fmt: skip
+            RewardModelWorker, place("reward_model", rank_layout(resources.reward_model_workers)), reward_args
+        )
     return Cluster(
         dock=dock,
-        actors=RayWorkerGroup("actor", ActorWorker, actor_ranks, actor_args, num_cpus=cpus, num_gpus=gpus),
-        rewards=RayWorkerGroup("reward", RewardWorker, reward_ranks, reward_args, num_cpus=cpus),
+        actors=RayWorkerGroup(ActorWorker, actor_placement, actor_args),
+        rewards=RayWorkerGroup(RewardWorker, place("reward", reward_ranks, device=False), reward_args),
         ray_dock_actor=dock.actor,
         references=references,
         reward_models=reward_models,

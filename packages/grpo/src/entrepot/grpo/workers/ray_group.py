@@ -1,8 +1,10 @@
-"""The Ray worker group: one actor per rank, one placement-group bundle per rank.
+"""The Ray worker group: one actor per rank, in the bundles of a `Placement` (see `placement` for the layout).
 
 Workers take their environment (thread settings) from the Ray job: `entrepot.grpo.ray_start`.
 
-Ray stays here (and in `entrepot.dock.ray`): the rest of the trainer sees `WorkerGroup` and `wait_all`.
+Ray stays here, in `placement` (and in `entrepot.dock.ray`): the rest of the trainer sees
+`WorkerGroup` and `wait_all`. Errors the driver raises about a rank (it died, it timed out) name
+the rank's node, so a lost node of a cluster is named in the run's error.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from entrepot.grpo.errors import GRPOError, StageError
 from entrepot.grpo.workers.group import Pending, RankInfo
+from entrepot.grpo.workers.placement import Placement
 
 __all__ = ["RayWorkerGroup", "is_ref", "wait_refs"]
 
@@ -21,72 +24,45 @@ W = TypeVar("W")
 R = TypeVar("R")
 P = ParamSpec("P")
 
-_PLACEMENT_TIMEOUT_S = 120.0
-
 
 class RayWorkerGroup(Generic[W]):
-    """Workers of class `cls` as Ray actors, rank i in bundle i of one placement group.
+    """Workers of class `cls` as Ray actors, one per rank of `placement`, each in its rank's bundle.
 
     Args:
-        name: the role (``actor``, ``reward``), used in errors.
         cls: the worker class (a plain class; it is wrapped with ``ray.remote`` here).
-        ranks: one worker per rank.
+        placement: the role (its name, used in errors), the ranks, their resources (CPUs, GPUs,
+            custom) and the reserved bundles; the group removes it on `close`.
         args: the constructor arguments of one rank's worker.
-        num_cpus: Ray CPUs per rank (fractional shares co-locate on a small machine).
-        num_gpus: Ray GPUs per rank (Ray then sets CUDA_VISIBLE_DEVICES to the rank's GPU).
     """
 
     def __init__(
-        self,
-        name: str,
-        cls: type[W],
-        ranks: Sequence[RankInfo],
-        args: Callable[[RankInfo], tuple[Any, ...]],
-        *,
-        num_cpus: float,
-        num_gpus: float = 0,
+        self, cls: type[W], placement: Placement, args: Callable[[RankInfo], tuple[Any, ...]]
     ) -> None:
         import ray
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        self.name = name
-        self.ranks = list(ranks)
-        bundle = {"CPU": num_cpus, **({"GPU": num_gpus} if num_gpus else {})}
-        self._group = placement_group([bundle] * len(self.ranks), strategy="PACK")
-        try:
-            ray.get(self._group.ready(), timeout=_PLACEMENT_TIMEOUT_S)
-        except ray.exceptions.GetTimeoutError:
-            raise GRPOError(
-                f"Ray could not place {len(self.ranks)} {name} workers of {bundle} each within "
-                f"{_PLACEMENT_TIMEOUT_S:.0f} s; the cluster has {ray.available_resources()} free "
-                "(lower resources.num_cpus_per_worker or the worker count)"
-            ) from None
+        self.name = name = placement.name
+        self.placement = placement
+        self.ranks = list(placement.ranks)
         remote = ray.remote(_keep_start_error(cls))
         self.actors = [
-            remote.options(
-                num_cpus=num_cpus,
-                num_gpus=num_gpus,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=self._group, placement_group_bundle_index=rank.rank
-                ),
-            ).remote(*args(rank))
-            for rank in self.ranks
+            remote.options(**placement.actor_options(rank)).remote(*args(rank)) for rank in self.ranks
+        ]
+        # driver-side errors about a rank (it died, it timed out) name its node
+        self._names = [
+            f"{name} {rank.name} on {node}" for rank, node in zip(self.ranks, placement.nodes, strict=True)
         ]
 
     def call(self, method: Callable[Concatenate[W, P], R], *args: P.args, **kwargs: P.kwargs) -> Pending[R]:
         refs = [getattr(actor, method.__name__).remote(*args, **kwargs) for actor in self.actors]
-        names = [f"{self.name} {rank.name}" for rank in self.ranks]
-        return Pending(f"{self.name}.{method.__name__}", refs, names)
+        return Pending(f"{self.name}.{method.__name__}", refs, list(self._names))
 
     def close(self) -> None:
         import ray
-        from ray.util.placement_group import remove_placement_group
 
         for actor in self.actors:
             ray.kill(actor)
         self.actors.clear()
-        remove_placement_group(self._group)
+        self.placement.remove()
 
 
 def _keep_start_error(cls: type[W]) -> type[W]:

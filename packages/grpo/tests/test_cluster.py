@@ -1,0 +1,139 @@
+"""A run on a Ray cluster of two nodes (both on this machine, loopback only): one DP replica per node,
+custom resources reserved per worker, and a lost worker named by its node, then `resume` finishing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from entrepot.grpo import load_config, train
+from entrepot.grpo.metrics import read_metrics
+
+ray = pytest.importorskip("ray")
+
+SMALL = ["eval.num_prompts=64", "logging.tensorboard=false", "checkpoint.keep_last=0", "eval.every=0"]
+ACCEL_PER_NODE = 2  # a custom resource on both nodes: room for both replicas on either one
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[Any]:
+    """A head node and a second node, each with 1 CPU and a resource naming it; the driver not yet joined.
+
+    Ray gives its nodes this machine's network address unless told that clusters are off: then
+    every node, and the driver, listen on 127.0.0.1 (the project's rule for local runs). Its files,
+    and its record of the cluster that ``ray_address=auto`` finds, go to a directory of this module:
+    a plain ``ray.init()`` elsewhere on the machine would otherwise join this cluster.
+    """
+    from ray._private import ray_constants
+    from ray._private.authentication.authentication_token_setup import (
+        enable_token_auth_by_default,
+        ensure_token_if_auth_enabled,
+    )
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():  # a local Ray left by another module: this module's runs join the cluster
+        ray.shutdown()
+    files = tempfile.mkdtemp(prefix="ray-cluster-", dir="/tmp")  # short: Ray's socket paths go inside
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_TMPDIR", files)
+        patch.delenv("RAY_ADDRESS", raising=False)
+        # token auth as `ray start` turns it on, in the driver and (inherited) in the nodes alike
+        enable_token_auth_by_default()
+        ensure_token_if_auth_enabled(create_token_if_missing=True)
+        patch.setenv(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, "0")  # the nodes' processes
+        patch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)  # this process (the driver)
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={"num_cpus": 1, "resources": {"node_a": 1, "accel": ACCEL_PER_NODE},
+                            "include_dashboard": False},
+        )  # fmt: skip
+        try:
+            cluster.add_node(num_cpus=1, resources={"node_b": 1, "accel": ACCEL_PER_NODE})
+            cluster.wait_for_nodes()
+            yield cluster
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
+            shutil.rmtree(files, ignore_errors=True)
+
+
+def _overrides(*more: str) -> list[str]:
+    """Two DP replicas on the running cluster (``auto``: the one `ray start`, here the fixture, recorded)."""
+    return [
+        *SMALL, "resources.ray_address=auto", "resources.num_actor_workers=2", "rollout.prompts_per_step=8",
+        "resources.custom_resources_per_worker={accel: 1}", *more,
+    ]  # fmt: skip
+
+
+def _replica_nodes(lines: list[str]) -> dict[int, tuple[str, str]]:
+    """The start-up log's placement line: DP replica -> (node address, node id prefix)."""
+    (line,) = [line for line in lines if line.startswith("placement: ")]
+    print(line)  # the run's own record of where each replica went (pytest -s shows it)
+    actors = line.removeprefix("placement: ").split("; ")[0]
+    found = re.findall(r"dp (\d+) on node (\S+) \(node id ([0-9a-f]{12})\.\.\.\)", actors)
+    return {int(dp): (ip, node_id) for dp, ip, node_id in found}
+
+
+def test_each_replica_runs_on_its_own_node(ray_cluster: Any, tmp_path: Path) -> None:
+    config = load_config(None, _overrides("max_steps=2", "checkpoint.save_every=0"))
+    lines: list[str] = []
+    held: list[float] = []
+
+    def free_accel(metrics: dict[str, Any]) -> None:  # mid-run: what the workers' bundles hold
+        held.append(ray.cluster_resources()["accel"] - ray.available_resources().get("accel", 0.0))
+
+    result = train(config, tmp_path / "run", on_startup=lines.append, on_step=free_accel)
+    replicas = _replica_nodes(lines)
+    nodes = {node["NodeID"][:12] for node in ray.nodes() if node["Alive"]}
+    assert sorted(replicas) == [0, 1]
+    assert replicas[0][1] != replicas[1][1] and {r[1] for r in replicas.values()} == nodes  # one per node
+    assert {r[0] for r in replicas.values()} == {"127.0.0.1"}
+    assert held == [2.0] * 2  # {accel: 1} reserved for each of the two actor ranks, the whole run
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2] and result.steps == 2
+    for row in rows:
+        assert 0.0 <= row["reward_mean"] <= 1.0 and row["grad_norm"] > 0  # each step trained
+        assert row["dock/actor_train/rows"] == 64  # both replicas read their planned rows
+
+
+def test_a_dead_worker_is_named_by_its_node_and_resume_finishes(ray_cluster: Any, tmp_path: Path) -> None:
+    from entrepot.grpo.errors import StageError
+    from entrepot.grpo.trainer import Trainer
+    from entrepot.grpo.workers import ActorWorker, wait_all
+
+    config = load_config(None, _overrides("max_steps=2", "checkpoint.save_every=1"))
+    run = tmp_path / "run"
+    trainer = Trainer(config, run)
+    try:
+        infos = wait_all([trainer.actors.call(ActorWorker.runtime_info)], 60)[0]
+        nodes = trainer.actors.placement.nodes  # type: ignore[attr-defined]
+        assert [info["node_id"] for info in infos] == [node.node_id for node in nodes]  # where placed
+        assert nodes[0].node_id != nodes[1].node_id
+
+        def kill_rank_1(metrics: dict[str, Any]) -> None:  # after the last step, before its checkpoint
+            if metrics["step"] == 2:
+                ray.kill(trainer.actors.actors[1])  # type: ignore[attr-defined]
+
+        died = (
+            rf"failed in actor rank 1 on node 127\.0\.0\.1 \(node id {nodes[1].node_id[:12]}\.\.\.\): "
+            "the worker process died"
+        )
+        with pytest.raises(StageError, match=died):
+            trainer.fit(on_step=kill_rank_1)
+    finally:
+        trainer.close()
+    assert [p.name for p in sorted((run / "checkpoints").iterdir())] == ["step_000001"]
+    lines: list[str] = []
+    result = train(config, run, resume=True, on_startup=lines.append)
+    assert json.loads((run / "resumed_from.json").read_text())["step"] == 1
+    assert result.steps == 2 and [r["step"] for r in result.history] == [2]
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]  # step 2 once
+    assert len({node for _, node in _replica_nodes(lines).values()}) == 2  # both nodes again
