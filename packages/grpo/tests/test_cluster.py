@@ -14,12 +14,14 @@ from typing import Any
 
 import pytest
 
+from entrepot.dock import DockShardLostError
 from entrepot.grpo import load_config, train
 from entrepot.grpo.metrics import read_metrics
 
 ray = pytest.importorskip("ray")
 
 SMALL = ["eval.num_prompts=64", "logging.tensorboard=false", "checkpoint.keep_last=0", "eval.every=0"]
+STEPS = 50  # enough for the reward to rise on 4 digits
 ACCEL_PER_NODE = 2  # a custom resource on both nodes: room for both replicas on either one
 
 
@@ -82,8 +84,19 @@ def _replica_nodes(lines: list[str]) -> dict[int, tuple[str, str]]:
     return {int(dp): (ip, node_id) for dp, ip, node_id in found}
 
 
+def _dock_shard_nodes(lines: list[str]) -> dict[int, str]:
+    """The placement line's dock part: shard -> node id prefix."""
+    (line,) = [line for line in lines if line.startswith("placement: ")]
+    dock = [part for part in line.removeprefix("placement: ").split("; ") if part.startswith("dock ")]
+    found = re.findall(r"shard (\d+) on node \S+ \(id ([0-9a-f]{12})\)", dock[0])
+    return {int(shard): node_id for shard, node_id in found}
+
+
 def test_each_replica_runs_on_its_own_node(ray_cluster: Any, tmp_path: Path) -> None:
-    config = load_config(None, _overrides("max_steps=2", "checkpoint.save_every=0"))
+    config = load_config(None, _overrides(
+        f"max_steps={STEPS}", "checkpoint.save_every=0", "data.num_digits=4", "algorithm.lr=3e-3",
+        "rollout.prompts_per_step=16",
+    ))  # fmt: skip
     lines: list[str] = []
     held: list[float] = []
 
@@ -96,12 +109,18 @@ def test_each_replica_runs_on_its_own_node(ray_cluster: Any, tmp_path: Path) -> 
     assert sorted(replicas) == [0, 1]
     assert replicas[0][1] != replicas[1][1] and {r[1] for r in replicas.values()} == nodes  # one per node
     assert {r[0] for r in replicas.values()} == {"127.0.0.1"}
-    assert held == [2.0] * 2  # {accel: 1} reserved for each of the two actor ranks, the whole run
+    assert held == [2.0] * STEPS  # {accel: 1} reserved for each of the two actor ranks, the whole run
+    shards = _dock_shard_nodes(lines)
+    assert sorted(shards) == [0, 1] and set(shards.values()) == nodes  # a dock shard per node
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2] and result.steps == 2
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1)) and result.steps == STEPS
+    first = sum(r["reward_mean"] for r in rows[:5]) / 5
+    last = sum(r["reward_mean"] for r in rows[-5:]) / 5
+    print(f"reward_mean: first 5 steps {first:.3f}, last 5 steps {last:.3f}")
+    assert last > first + 0.05, (first, last)  # it learns across two nodes (0.078 -> 0.188 when written)
     for row in rows:
         assert 0.0 <= row["reward_mean"] <= 1.0 and row["grad_norm"] > 0  # each step trained
-        assert row["dock/actor_train/rows"] == 64  # both replicas read their planned rows
+        assert row["dock/actor_train/rows"] == 16 * 8  # both replicas read their planned rows
 
 
 def test_a_dead_worker_is_named_by_its_node_and_resume_finishes(ray_cluster: Any, tmp_path: Path) -> None:
@@ -137,3 +156,30 @@ def test_a_dead_worker_is_named_by_its_node_and_resume_finishes(ray_cluster: Any
     assert result.steps == 2 and [r["step"] for r in result.history] == [2]
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]  # step 2 once
     assert len({node for _, node in _replica_nodes(lines).values()}) == 2  # both nodes again
+
+
+def test_a_lost_dock_shard_is_named_by_its_node_and_resume_finishes(ray_cluster: Any, tmp_path: Path) -> None:
+    from entrepot.dock.sharded import ShardedDockClient
+    from entrepot.grpo.errors import StageError
+    from entrepot.grpo.trainer import Trainer
+
+    config = load_config(None, _overrides("max_steps=2", "checkpoint.save_every=1"))
+    run = tmp_path / "run"
+    trainer = Trainer(config, run)
+    try:
+        dock = trainer.dock
+        assert isinstance(dock, ShardedDockClient) and len(set(dock.shard_nodes)) == 2  # a shard per node
+
+        def kill_shard_1(metrics: dict[str, Any]) -> None:  # after the last step, before its checkpoint
+            if metrics["step"] == 2:
+                ray.kill(dock.shards[1])
+
+        lost = rf"dock's shard 1 on node 127\.0\.0\.1 \(id {dock.shard_nodes[1][:12]}\) is lost"
+        with pytest.raises((DockShardLostError, StageError), match=lost):
+            trainer.fit(on_step=kill_shard_1)
+    finally:
+        trainer.close()
+    assert [p.name for p in sorted((run / "checkpoints").iterdir())] == ["step_000001"]
+    result = train(config, run, resume=True)
+    assert result.steps == 2 and [r["step"] for r in result.history] == [2]
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]  # step 2 trained once

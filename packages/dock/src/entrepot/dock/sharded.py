@@ -337,6 +337,13 @@ class ShardedDockClient:
             ) from None
         return client
 
+    def describe(self) -> str:
+        """Where the rows are: ``dock shard 0 on node 10.0.0.1 (id ...), shard 1 on node ...``."""
+        where = [
+            f"shard {i} on node {self.node_names.get(node, node)}" for i, node in enumerate(self.shard_nodes)
+        ]
+        return "dock " + ", ".join(where)
+
     def close(self) -> None:
         """Stop the controller and the shards (the rows are gone)."""
         for actor in [self.controller, *self.shards]:

@@ -823,6 +823,24 @@ class ThreadsConfig:
 
 
 @dataclass(kw_only=True)
+class DockConfig:
+    """Where the experience dock keeps its rows on Ray."""
+
+    shards: int | None = field(
+        default=None,
+        metadata=_doc(
+            "Dock shards (entrepot.dock.sharded: one controller, rows spread over shard actors, one per "
+            "node in turn); null = one per node of the Ray cluster, so one dock actor on one machine. "
+            "Above 1 the run uses Ray."
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.shards is not None:
+            _check(self.shards >= 1, "dock.shards", self.shards, ">= 1 or null")
+
+
+@dataclass(kw_only=True)
 class GRPOConfig:
     """The whole run. `GRPOConfig()` is the embedded default (reverse 8 digits on CPU)."""
 
@@ -842,6 +860,7 @@ class GRPOConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig, metadata=_doc("TP / PP layouts."))
     batching: BatchingConfig = field(default_factory=BatchingConfig, metadata=_doc("Micro-batching."))
     resources: ResourcesConfig = field(default_factory=ResourcesConfig, metadata=_doc("Workers."))
+    dock: DockConfig = field(default_factory=DockConfig, metadata=_doc("The experience dock on Ray."))
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata=_doc("Checkpoints."))
     eval: EvalConfig = field(default_factory=EvalConfig, metadata=_doc("Evaluation."))
     logging: LoggingConfig = field(default_factory=LoggingConfig, metadata=_doc("Metrics output."))
@@ -917,6 +936,12 @@ class GRPOConfig:
             workers,
             "1 when resources.use_ray is false",
         )
+        shards, groups = self.dock.shards, self.rollout.prompts_per_step * self.partial_max_age()
+        if shards is not None:
+            _check(shards == 1 or self.resources.use_ray is not False, "dock.shards", shards,
+                   "1 or null when resources.use_ray is false (shards are Ray actors)")  # fmt: skip
+            _check(shards <= groups, "dock.shards", shards,
+                   f"<= the dock's prompt groups ({groups}): each shard holds whole groups")  # fmt: skip
 
     def _check_colocation(self) -> None:
         """Separate reference / reward-model workers need Ray and the torch engine; offload is co-located."""
@@ -1034,6 +1059,7 @@ class GRPOConfig:
                 bool(resources.custom_resources_per_worker),
                 "Ray custom resources (resources.custom_resources_per_worker)",
             ),
+            ((self.dock.shards or 1) > 1, f"a sharded dock (dock.shards={self.dock.shards})"),
         ]
         return [why for needed, why in needs if needed]
 

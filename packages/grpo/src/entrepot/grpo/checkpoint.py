@@ -138,24 +138,33 @@ def write_checkpoint(
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    written: set[int] = set()
-    for state, shard in zip(rank_states, shards, strict=True):
-        if shard in written:
-            continue
-        written.add(shard)
-        for name in ("model", "reference", "optimizer"):
-            save_file(state[name], str(tmp / _shard_file(name, shard, num_shards)))
-    rng = {f"rank{r}.{k}": v for r, s in enumerate(rank_states) for k, v in s["rng"].items()}
-    save_file(rng, str(tmp / "rng.safetensors"))
-    for write in writers:
-        write(tmp)
-    # optimizer param groups differ between pipeline stages (each its own parameters): kept per shard
-    groups: dict[str, Any] = {}
-    for state, shard in zip(rank_states, shards, strict=True):
-        groups.setdefault(str(shard), state["json"]["param_groups"])
-    state_json = {**meta, **rank_states[0]["json"], "shard_param_groups": groups, "num_shards": num_shards}
-    (tmp / "state.json").write_text(json.dumps(state_json, indent=1))
-    write_manifest(tmp)  # last: a directory with a manifest is whole on disk
+    try:
+        written: set[int] = set()
+        for state, shard in zip(rank_states, shards, strict=True):
+            if shard in written:
+                continue
+            written.add(shard)
+            for name in ("model", "reference", "optimizer"):
+                save_file(state[name], str(tmp / _shard_file(name, shard, num_shards)))
+        rng = {f"rank{r}.{k}": v for r, s in enumerate(rank_states) for k, v in s["rng"].items()}
+        save_file(rng, str(tmp / "rng.safetensors"))
+        for write in writers:
+            write(tmp)
+        # optimizer param groups differ between pipeline stages (each its own parameters): kept per shard
+        groups: dict[str, Any] = {}
+        for state, shard in zip(rank_states, shards, strict=True):
+            groups.setdefault(str(shard), state["json"]["param_groups"])
+        state_json = {
+            **meta,
+            **rank_states[0]["json"],
+            "shard_param_groups": groups,
+            "num_shards": num_shards,
+        }
+        (tmp / "state.json").write_text(json.dumps(state_json, indent=1))
+        write_manifest(tmp)  # last: a directory with a manifest is whole on disk
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a save that failed (a lost dock shard) leaves nothing
+        raise
     shutil.rmtree(directory, ignore_errors=True)
     tmp.rename(directory)
     fsync_directory(directory.parent)

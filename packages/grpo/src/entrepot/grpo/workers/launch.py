@@ -28,7 +28,7 @@ class Cluster:
     dock: Any
     actors: WorkerGroup[ActorWorker]
     rewards: WorkerGroup[RewardWorker]
-    ray_dock_actor: Any = None  # the Ray actor behind `dock`, killed on close
+    ray_dock_actors: tuple[Any, ...] = ()  # the Ray actors behind `dock`, killed on close
     references: WorkerGroup[ReferenceWorker] | None = None
     reward_models: WorkerGroup[RewardModelWorker] | None = None
 
@@ -41,6 +41,8 @@ class Cluster:
 
         groups = (self.actors, self.rewards, self.references, self.reward_models)
         where = [group.placement.describe() for group in groups if isinstance(group, RayWorkerGroup)]
+        if hasattr(self.dock, "describe"):  # a sharded dock: where its shards hold the rows
+            where.append(self.dock.describe())
         return "placement: " + "; ".join(where) if where else None
 
     def close(self) -> None:
@@ -50,10 +52,11 @@ class Cluster:
         for group in (self.references, self.reward_models):
             if group is not None:
                 group.close()
-        if self.ray_dock_actor is not None:
+        if self.ray_dock_actors:
             import ray
 
-            ray.kill(self.ray_dock_actor)
+            for actor in self.ray_dock_actors:
+                ray.kill(actor)
 
 
 def launch(config: GRPOConfig, run_dir: str | None = None) -> Cluster:
@@ -95,14 +98,11 @@ def launch(config: GRPOConfig, run_dir: str | None = None) -> Cluster:
             rewards=LocalWorkerGroup("reward", lambda rank: RewardWorker(config, rank), reward_ranks),
         )
 
-    from entrepot.dock.ray import RayDockClient
     from entrepot.grpo.workers.placement import Placement
     from entrepot.grpo.workers.ray_group import RayWorkerGroup
 
     start_ray(config)
-    # the dock actor saves and loads checkpoints only inside the run directory
-    files_root = None if run_dir is None else str(Path(run_dir).resolve())  # the driver's view of it
-    dock = RayDockClient.launch(GRPODock, num_cpus=0, files_root=files_root, **dock_args)
+    dock, dock_actors = _ray_dock(config, dock_args, run_dir)
     train_device = config.engine.device.startswith("cuda")  # one GPU per actor rank (and separate worker)
 
     def place(name: str, ranks: list[RankInfo], device: bool = True, replicas: bool = False) -> Placement:
@@ -135,7 +135,30 @@ def launch(config: GRPOConfig, run_dir: str | None = None) -> Cluster:
         dock=dock,
         actors=RayWorkerGroup(ActorWorker, actor_placement, actor_args),
         rewards=RayWorkerGroup(RewardWorker, place("reward", reward_ranks, device=False), reward_args),
-        ray_dock_actor=dock.actor,
+        ray_dock_actors=dock_actors,
         references=references,
         reward_models=reward_models,
     )
+
+
+def _ray_dock(
+    config: GRPOConfig, dock_args: dict[str, Any], run_dir: str | None
+) -> tuple[Any, tuple[Any, ...]]:
+    """The run's dock on Ray and its actors: sharded over `dock.shards` (null: one per node) when above
+    1, else one dock actor."""
+    import ray
+
+    from entrepot.dock import GRPODock
+
+    shards = config.dock.shards or sum(1 for node in ray.nodes() if node["Alive"])
+    if shards > 1:
+        from entrepot.dock.sharded import ShardedDockClient
+
+        sharded = ShardedDockClient.launch(GRPODock, shards=shards, num_cpus=0, **dock_args)
+        return sharded, (sharded.controller, *sharded.shards)  # it saves through the driver: no files_root
+    from entrepot.dock.ray import RayDockClient
+
+    # the dock actor saves and loads checkpoints only inside the run directory
+    files_root = None if run_dir is None else str(Path(run_dir).resolve())  # the driver's view of it
+    dock = RayDockClient.launch(GRPODock, num_cpus=0, files_root=files_root, **dock_args)
+    return dock, (dock.actor,)
