@@ -33,7 +33,10 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 @pytest.fixture(scope="module", autouse=True)
 def ray_session():
     ray.init(
-        address="local", num_cpus=2, object_store_memory=500 * 1024 * 1024, include_dashboard=False,
+        address="local",
+        num_cpus=2,
+        object_store_memory=500 * 1024 * 1024,
+        include_dashboard=False,
         log_to_driver=False,
     )
     yield
@@ -188,7 +191,7 @@ def test_save_and_load_into_another_number_of_shards(tmp_path):
         if shards > 1:
             back.close()
     (tmp_path / "dock.pt").write_bytes(b"garbage")
-    with pytest.raises(DockStateError, match="dock.pt"):
+    with pytest.raises(DockStateError, match=r"dock\.pt"):
         back.load(str(tmp_path / "dock.pt"))
     assert back.finished_rows().tolist() == dock.finished_rows().tolist()  # the bad file changed nothing
 
@@ -207,3 +210,27 @@ def test_a_lost_shard_names_its_node_and_the_get_gives_its_rows_back():
         2,
         3,
     ]  # shard 0 still serves
+
+
+def test_a_get_takes_rows_of_its_own_nodes_shards_first():
+    """The controller in-process (its calls are plain methods): shard 0 on node A, shards 1-2 on node B."""
+    from entrepot.dock.sharded import ShardController
+
+    shard_of_group = torch.tensor([0, 0, 1, 1, 2, 2])  # 6 groups of 2 rows
+    controller = ShardController(GRPODock, {"prompts_num": 6, "n_samples_per_prompt": 2}, shard_of_group,
+                                 ["node-a", "node-b", "node-b"])  # fmt: skip
+    rows = torch.arange(12)
+    kinds = {"prompts": (torch.int64, False)}
+    controller.prepare_put(kinds, rows, None, None)
+    controller.commit_put({"prompts": torch.full((12,), 3)}, rows, None, None, False)
+    take = controller.take
+    b = take("actor_rollout", ["prompts"], 4, {}, "node-b")[0]
+    assert b.tolist() == [4, 5, 6, 7]  # node B's shards hold rows 4-11: its first free groups
+    assert take("actor_rollout", ["prompts"], 4, {}, "node-a")[0].tolist() == [0, 1, 2, 3]  # shard 0
+    assert take("actor_rollout", ["prompts"], 4, {}, "node-a")[0].tolist() == [
+        8,
+        9,
+        10,
+        11,
+    ]  # A has none left
+    assert take("ref_log_prob", ["prompts"], 12, {}, "node-c")[0].tolist() == list(range(12))  # no shard on C
