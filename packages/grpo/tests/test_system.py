@@ -45,10 +45,14 @@ def test_two_data_parallel_ranks_stay_in_sync(ray_session, tmp_path: Path) -> No
     from entrepot.grpo.trainer import Trainer
     from entrepot.grpo.workers import ActorWorker, wait_all
 
+    from entrepot.dock.sharded import ShardedDockClient
+
+    # dock.shards=2 on one machine: the sharded dock (two shard actors here) serves the ranks
     config = load_config(None, [*SMALL, "max_steps=2", "resources.num_actor_workers=2",
-                                "rollout.prompts_per_step=8", "eval.every=0"])  # fmt: skip
+                                "rollout.prompts_per_step=8", "eval.every=0", "dock.shards=2"])  # fmt: skip
     trainer = Trainer(config, tmp_path / "dp")
     try:
+        assert isinstance(trainer.dock, ShardedDockClient) and len(trainer.dock.shards) == 2
         before = trainer.parameters(0)
         trainer.train_step()
         step = trainer.train_step()
