@@ -99,13 +99,20 @@ class ShardController:
     def prepare_put(
         self, kinds: dict[str, Kind], rows: torch.Tensor, num_completed: int | None, ack: Lease | None
     ) -> dict[str, Kind]:
-        """Check a put (columns, kinds, completed, lease) and fix its column dtypes; nothing else changes."""
+        """Check a put (completed, lease, then column kinds: one dock's order) and fix its column dtypes.
+
+        A put refused here changes nothing: the lease is checked before any dtype is fixed, and is
+        kept from expiring only once the put is accepted.
+        """
         ledger = self._ledger
         if num_completed is not None:
             ledger._as_completed(torch.ones(num_completed, dtype=torch.bool), rows.numel())
-        fixed = ledger.kinds.fix(kinds)
-        if ack is not None:
-            ledger.pin(ack, rows, COMMIT_WINDOW_S)
+        with ledger._cond:
+            if ack is not None:
+                ledger.check_lease(ack, rows)
+            fixed = ledger.kinds.fix(kinds)
+            if ack is not None:
+                ledger.pin(ack, COMMIT_WINDOW_S)
         return fixed
 
     @ray.method(concurrency_group="ctl")
