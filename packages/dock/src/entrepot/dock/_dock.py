@@ -219,16 +219,7 @@ class ExperienceDock(DockLifecycle):
             self._cond.notify_all()
 
     def _as_completed(self, completed: Any, num_rows: int) -> torch.Tensor | None:
-        if completed is None:
-            return None
-        if self.rollout_consumer is None:
-            raise DockConfigError(
-                "put(completed=...) needs a dock built with rollout_consumer (partial rollout)"
-            )
-        done = torch.as_tensor(completed, dtype=torch.bool).reshape(-1)
-        if done.numel() != num_rows:
-            raise RowCountMismatchError("completed", num_rows, done.numel())
-        return done
+        return completed_flags(completed, num_rows, self.rollout_consumer)
 
     def _mark_completed(self, rows: torch.Tensor, done: torch.Tensor) -> None:
         if self.max_age is not None:
@@ -623,3 +614,20 @@ class ExperienceDock(DockLifecycle):
             return build_batch(taken.rows, raw, taken.ages, layout, pad_value, pad_multiple)
         finally:
             self._done_reading()
+
+
+def completed_flags(completed: Any, num_rows: int, rollout_consumer: str | None) -> torch.Tensor | None:
+    """`put(completed=...)` as bool [num_rows] (None if not given), checked against the dock's settings.
+
+    Raises:
+        DockConfigError: the dock has no `rollout_consumer` (partial rollout is off).
+        RowCountMismatchError: not one flag per row.
+    """
+    if completed is None:
+        return None
+    if rollout_consumer is None:
+        raise DockConfigError("put(completed=...) needs a dock built with rollout_consumer (partial rollout)")
+    done = torch.as_tensor(completed, dtype=torch.bool).reshape(-1)
+    if done.numel() != num_rows:
+        raise RowCountMismatchError("completed", num_rows, done.numel())
+    return done

@@ -235,6 +235,31 @@ def _from_value(column: str, value: Any, lengths: Any, num_rows: int, scalar_hin
     raise ColumnLayoutError(column, f"cannot store a {type(value).__name__}; pass tensors (see put)")
 
 
+def scalar_hint_matters(value: Any, lengths: Any) -> bool:
+    """Whether `normalize_column` reads `value` differently when the column is known to hold scalars.
+
+    Only two forms do: a [B, 1] tensor without lengths (B scalars, else B rows of 1 element) and a list
+    of one-element items not all 0-d (scalars, else rows of 1 element or mixed ndims). A caller that
+    does not know a column's kind (its spec leaves it open and the dock fixed it since) needs to learn
+    it for these forms only.
+    """
+    if lengths is not None or isinstance(value, ColumnData):
+        return False
+    if isinstance(value, torch.Tensor):
+        return value.ndim == 2 and value.shape[1] == 1
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], torch.Tensor):
+        return False  # (data, lengths)
+    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
+        return False
+    one_dim = False
+    for item in value:
+        item = torch.as_tensor(item)
+        if item.ndim > 1 or item.numel() != 1:
+            return False
+        one_dim = one_dim or item.ndim == 1
+    return one_dim
+
+
 def normalize_put(
     data: Mapping[str, Any],
     lengths: Mapping[str, Any] | None,

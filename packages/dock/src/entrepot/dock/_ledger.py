@@ -14,6 +14,7 @@ in one dock), so every shard stores a column in the same dtype.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -201,15 +202,17 @@ class Ledger(ExperienceDock):
         with self._cond:
             self._claimed[rows // self.n_samples_per_prompt] = False
 
-    def pin(self, lease: Lease, rows: torch.Tensor, seconds: float) -> None:
-        """Check `lease` holds `rows`; keep it from expiring for `seconds` (a put acking it is under way)."""
-        import time
-
+    def check_lease(self, lease: Lease, rows: torch.Tensor) -> None:
+        """`LeaseError` unless `lease` holds `rows` now (leases past their deadline expire first)."""
         with self._cond:
-            now = time.monotonic()
-            self._leases.expire(now)
+            self._leases.expire(time.monotonic())
             self._leases.held_rows(lease, rows)
-            self._leases.extend(lease, now + seconds)
+
+    def pin(self, lease: Lease, seconds: float) -> None:
+        """Keep `lease` (checked by `check_lease` under the same lock hold) from expiring for `seconds`:
+        a put acking it is under way."""
+        with self._cond:
+            self._leases.extend(lease, time.monotonic() + seconds)
 
     def reset(self) -> None:
         super().reset()

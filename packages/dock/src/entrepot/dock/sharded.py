@@ -20,10 +20,15 @@ Same calls, arguments and guarantees as `ExperienceDock` (it is a `DockClient`),
   node's shard.
 
 What sharding changes:
+- `put_prompts` takes free groups round robin over the shards, not the lowest free groups as one dock
+  does: the rows it returns differ (the same prompts, fanned out the same way) unless it fills every
+  free group. Likewise, on several nodes a get takes the rows held on its node first, so its FIFO
+  order differs from one dock's.
 - A put costs one more small call (the controller fixes column dtypes first: every shard stores a
   column in the same dtype). A put that acks a lease keeps the lease from expiring while it writes
   (`COMMIT_WINDOW_S`); a put slower than that can fail its commit with `LeaseError` after writing
-  the shards, leaving cells that were already ready holding the new values.
+  the shards, leaving cells that were already ready holding the new values and its column dtypes
+  fixed.
 - `clear` / `set_policy_version` drop rows in the controller, then in the shards; don't put into
   rows that a clear is dropping from another process at the same moment.
 - `save` / `load` go through the caller, into one verified file: a checkpoint survives the loss of
@@ -49,17 +54,24 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
 
 from entrepot.dock._batch import LAYOUTS, Batch, Layout, build_batch
 from entrepot.dock._columns import SequenceColumn
-from entrepot.dock._dock import ExperienceDock
+from entrepot.dock._dock import ExperienceDock, completed_flags
 from entrepot.dock._errors import (
     DockConfigError,
     DockShardLostError,
     DockStateError,
     InvalidArgumentError,
     NotReadyError,
+    UnknownColumnError,
 )
 from entrepot.dock._files import read_verified, write_verified
 from entrepot.dock._grpo import _fan_out, count_prompts
-from entrepot.dock._inputs import ColumnData, as_index_tensor, normalize_column, normalize_put
+from entrepot.dock._inputs import (
+    ColumnData,
+    as_index_tensor,
+    normalize_column,
+    normalize_put,
+    scalar_hint_matters,
+)
 from entrepot.dock._leases import Lease
 from entrepot.dock._ledger import Kind, Ledger
 from entrepot.dock._rowcopy import RowSource, gather_into
@@ -78,7 +90,7 @@ FORMAT = "entrepot-sharded-dock/1"
 _CALLS = frozenset(
     {
         "ack", "release", "all_consumed", "progress", "finished_rows", "set_policy_version", "clear",
-        "reset", "metrics", "check_ready", "claim_groups", "release_groups", "state", "load_state",
+        "reset", "metrics", "check_ready", "claim_groups", "release_groups", "state", "load_state", "kinds",
     }
 )  # fmt: skip
 
@@ -96,16 +108,19 @@ class ShardController:
         self._local_rows: dict[str | None, torch.Tensor | None] = {}
 
     @ray.method(concurrency_group="ctl")
-    def prepare_put(
-        self, kinds: dict[str, Kind], rows: torch.Tensor, num_completed: int | None, ack: Lease | None
-    ) -> dict[str, Kind]:
-        """Check a put (columns, kinds, completed, lease) and fix its column dtypes; nothing else changes."""
+    def prepare_put(self, kinds: dict[str, Kind], rows: torch.Tensor, ack: Lease | None) -> dict[str, Kind]:
+        """Check a put's lease, then its column kinds (one dock's order), and fix its column dtypes.
+
+        A put refused here changes nothing: the lease is checked before any dtype is fixed, and is
+        kept from expiring only once the put is accepted.
+        """
         ledger = self._ledger
-        if num_completed is not None:
-            ledger._as_completed(torch.ones(num_completed, dtype=torch.bool), rows.numel())
-        fixed = ledger.kinds.fix(kinds)
-        if ack is not None:
-            ledger.pin(ack, rows, COMMIT_WINDOW_S)
+        with ledger._cond:
+            if ack is not None:
+                ledger.check_lease(ack, rows)
+            fixed = ledger.kinds.fix(kinds)
+            if ack is not None:
+                ledger.pin(ack, COMMIT_WINDOW_S)
         return fixed
 
     @ray.method(concurrency_group="ctl")
@@ -152,6 +167,8 @@ class ShardController:
             return self._ledger.state_dict(), self._ledger.kinds.known()
         if method == "load_state":
             return self._load_state(*args)
+        if method == "kinds":
+            return self._ledger.kinds.known()
         return getattr(self._ledger, method)(*args)
 
     def _dropping(self, method: str, *args: Any) -> tuple[Any, torch.Tensor]:
@@ -162,10 +179,13 @@ class ShardController:
             result = getattr(ledger, method)(*args)
             return result, (before & ~ledger._live).nonzero().squeeze(1)
 
-    def _check_ready(self, columns: list[str], rows: torch.Tensor) -> torch.Tensor:
-        """The ages of `rows` once every cell is ready, else `NotReadyError` naming one (a peek)."""
+    def _check_ready(self, columns: list[str], indexes: Any) -> torch.Tensor:
+        """The ages of rows `indexes` once every cell is ready, else `NotReadyError` naming one (a peek).
+
+        The columns are checked before the indexes, as in one dock."""
         ledger = self._ledger
         col_ids = ledger._check_columns(columns)
+        rows = as_index_tensor(indexes, ledger.capacity)
         with ledger._cond:
             for name, c in zip(columns, col_ids, strict=True):
                 missing = (~ledger._ready[c, rows]).nonzero()
@@ -277,6 +297,7 @@ class ShardedDockClient:
         self.shard_of_group = shard_of_group
         self.capacity = template.capacity
         self.n_samples_per_prompt = template.n_samples_per_prompt
+        self.rollout_consumer = template.rollout_consumer
         self._specs = dict(template._specs)
         self._node: str | None = None
 
@@ -399,25 +420,43 @@ class ShardedDockClient:
         completed: Sequence[bool] | torch.Tensor | None = None,
         ack: Lease | None = None,
     ) -> None:
-        """As ExperienceDock.put: the shards get the data, then the controller marks the cells ready."""
+        """As ExperienceDock.put: the shards get the data, then the controller marks the cells ready.
+
+        The arguments are checked in one dock's order, so a call with two mistakes names the same one.
+        """
         rows = as_index_tensor(indexes, self.capacity)
         data = dict(data.items())  # a TensorDict iterates over rows, not keys
         if not data:
             raise InvalidArgumentError("put needs at least one column")
-        hints = {name: self._specs[name].scalar if name in self._specs else None for name in data}
-        columns = normalize_put(data, lengths, rows.numel(), hints)
-        done = None if completed is None else torch.as_tensor(completed, dtype=torch.bool).reshape(-1)
+        for name in data:
+            if name not in self._specs:
+                raise UnknownColumnError(name, list(self._specs))
+        done = completed_flags(completed, rows.numel(), self.rollout_consumer)
+        if rows.numel() == 0:
+            return  # as in one dock: nothing stored, no dtype fixed
+        columns = normalize_put(data, lengths, rows.numel(), self._scalar_hints(data, lengths or {}))
         self._put(columns, rows, done, ack, claimed=False)
+
+    def _scalar_hints(self, data: Mapping[str, Any], lengths: Mapping[str, Any]) -> dict[str, bool | None]:
+        """Each column's kind as one dock reads a put: its spec's, else the kind a put fixed (asked of the
+        controller only for the forms that read differently as scalars, see `scalar_hint_matters`)."""
+        hints = {name: self._specs[name].scalar if name in self._specs else None for name in data}
+        ask = [
+            name
+            for name, hint in hints.items()
+            if hint is None and name in self._specs and scalar_hint_matters(data[name], lengths.get(name))
+        ]
+        if ask:
+            known: dict[str, Kind] = self._call("kinds")
+            hints.update({name: known[name][1] for name in ask if name in known})
+        return hints
 
     def _put(
         self, columns: dict[str, ColumnData], rows: torch.Tensor, done: torch.Tensor | None,
         ack: Lease | None, claimed: bool,
     ) -> None:  # fmt: skip
         kinds = {name: (column.dtype, column.scalar) for name, column in columns.items()}
-        num_done = None if done is None else done.numel()
-        fixed = self._gather([self.controller.prepare_put.remote(kinds, rows, num_done, ack)], [None])[0]
-        if rows.numel() == 0:
-            return
+        fixed = self._gather([self.controller.prepare_put.remote(kinds, rows, ack)], [None])[0]
         parts = self._by_shard(rows)
         refs = [self.shards[s].write.remote(*self._wire(columns, fixed, at, len(parts) > 1), rows[at])
                 for s, at in parts]  # fmt: skip
@@ -476,9 +515,10 @@ class ShardedDockClient:
             "prompts": _fan_out(column, n),
             "prompt_length": ColumnData(column.lengths.repeat_interleave(n), None),
         }
-        for name, value in (extra or {}).items():
-            hint = self._specs[name].scalar if name in self._specs else None
-            columns[name] = _fan_out(normalize_column(name, value, None, num_prompts, hint), n)
+        extra = dict(extra or {})
+        hints = self._scalar_hints(extra, {})
+        for name, value in extra.items():
+            columns[name] = _fan_out(normalize_column(name, value, None, num_prompts, hints[name]), n)
         rows = self._call("claim_groups", num_prompts)
         try:
             self._put(columns, rows, None, None, claimed=True)
@@ -518,7 +558,8 @@ class ShardedDockClient:
             "min_count": min_count, "timeout": timeout, "groups": groups, "sampler": sampler,
             "num_ranks": num_ranks, "lease": lease, "lease_key": lease_key,
         }  # fmt: skip
-        ref = self.controller.take.remote(consumer, list(columns), count, kwargs, self._my_node())
+        names = columns if isinstance(columns, str) else list(columns)  # a str: the controller says so
+        ref = self.controller.take.remote(consumer, names, count, kwargs, self._my_node())
         reply = self._gather([ref], [None])[0]
         if reply is None:
             return None
@@ -543,8 +584,9 @@ class ShardedDockClient:
         """As ExperienceDock.peek: the controller checks the cells are ready, the shards send them."""
         if layout not in LAYOUTS:
             raise InvalidArgumentError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        rows = as_index_tensor(indexes, self.capacity)
-        ages = self._call("check_ready", list(columns), rows)
+        names = columns if isinstance(columns, str) else list(columns)
+        ages = self._call("check_ready", names, torch.as_tensor(indexes))
+        rows = as_index_tensor(indexes, self.capacity)  # valid: the controller checked them
         raw = self._read(list(columns), rows, layout)
         return build_batch(rows, raw, ages, layout, pad_value, pad_multiple)
 
@@ -554,8 +596,16 @@ class ShardedDockClient:
         The shards' buffers arrive zero-copy; each row is copied once out of them (into the padded
         tensor by build_batch, or here into the packed flat tensor).
         """
-        if rows.numel() == 0:  # (dtypes unknown without a shard: empty columns come back as float)
-            return {name: (torch.empty(0), None) for name in columns}
+        if rows.numel() == 0:  # no shard to ask: the controller knows each column's dtype and kind
+            kinds: dict[str, Kind] = self._call("kinds")
+            empty: dict[str, tuple[Any, Any]] = {}
+            for name in columns:
+                dtype, scalar = kinds.get(name, (torch.float32, True))  # (a column never put: float)
+                empty[name] = (
+                    torch.empty(0, dtype=dtype),
+                    None if scalar else torch.empty(0, dtype=torch.int64),
+                )
+            return empty
         parts = self._by_shard(rows)
         replies = self._gather(
             [self.shards[s].read.remote(columns, rows[at]) for s, at in parts], [s for s, _ in parts]
