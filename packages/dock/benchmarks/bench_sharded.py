@@ -23,9 +23,8 @@ import sys
 import time
 from typing import Any
 
-import torch
-
 import ray
+import torch
 
 from entrepot.dock import ExperienceDock
 from entrepot.dock.ray import RayDockClient

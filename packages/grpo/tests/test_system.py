@@ -42,10 +42,9 @@ def test_reward_rises_through_ray(ray_session, tmp_path: Path) -> None:  # type:
 
 
 def test_two_data_parallel_ranks_stay_in_sync(ray_session, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from entrepot.dock.sharded import ShardedDockClient
     from entrepot.grpo.trainer import Trainer
     from entrepot.grpo.workers import ActorWorker, wait_all
-
-    from entrepot.dock.sharded import ShardedDockClient
 
     # dock.shards=2 on one machine: the sharded dock (two shard actors here) serves the ranks
     config = load_config(None, [*SMALL, "max_steps=2", "resources.num_actor_workers=2",
