@@ -204,12 +204,11 @@ def test_a_lost_shard_names_its_node_and_the_get_gives_its_rows_back():
     with pytest.raises(DockShardLostError, match=f"shard 1 on node .*{node}"):
         dock.get("c", ["x"], 8)
     assert dock.progress("c") == {"consumed": 0, "live": 8}  # nothing was consumed by the failed get
-    assert dock.get("c", ["x"], 4, indexes=[0, 1, 2, 3]).indexes.tolist() == [
-        0,
-        1,
-        2,
-        3,
-    ]  # shard 0 still serves
+    served = dock.get("c", ["x"], 4, indexes=[0, 1, 2, 3])
+    assert served.indexes.tolist() == [0, 1, 2, 3]  # shard 0 still serves
+    ray.kill(dock.controller)
+    with pytest.raises(DockShardLostError, match=f"controller on node .*{node}"):
+        dock.progress("c")
 
 
 def test_a_get_takes_rows_of_its_own_nodes_shards_first():

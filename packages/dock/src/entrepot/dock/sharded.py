@@ -24,8 +24,9 @@ What sharding changes:
   does: the rows it returns differ (the same prompts, fanned out the same way) unless it fills every
   free group. Likewise, on several nodes a get takes the rows held on its node first, so its FIFO
   order differs from one dock's.
-- A put costs one more small call (the controller fixes column dtypes first: every shard stores a
-  column in the same dtype). A put that acks a lease keeps the lease from expiring while it writes
+- A put is three calls (the controller fixes the column dtypes, so every shard stores a column in
+  one dtype; the shards write; the controller commits) and a get two (take, read), where one dock
+  actor takes one each. A put that acks a lease keeps the lease from expiring while it writes
   (`COMMIT_WINDOW_S`); a put slower than that can fail its commit with `LeaseError` after writing
   the shards, leaving cells that were already ready holding the new values and its column dtypes
   fixed.
@@ -293,6 +294,7 @@ class ShardedDockClient:
         self.controller = controller
         self.shards = shards
         self.shard_nodes = shard_nodes
+        self.controller_node = ray.get_runtime_context().get_node_id()  # where `launch` puts it
         self.node_names = node_names
         self.shard_of_group = shard_of_group
         self.capacity = template.capacity
@@ -346,7 +348,10 @@ class ShardedDockClient:
         controller_cls = ray.remote(
             num_cpus=num_cpus, concurrency_groups={"ctl": 4, "take": max_concurrency}
         )(ShardController)
-        controller = controller_cls.remote(dock_cls, dock_kwargs, shard_of_group, shard_nodes)
+        here = NodeAffinitySchedulingStrategy(node_id=nodes[0]["NodeID"], soft=False)  # the caller's node
+        controller = controller_cls.options(scheduling_strategy=here).remote(
+            dock_cls, dock_kwargs, shard_of_group, shard_nodes
+        )
         client = cls(controller, actors, shard_nodes, node_names, shard_of_group, template)
         try:
             ray.get([actor.node.remote() for actor in actors], timeout=START_TIMEOUT_S)
@@ -373,10 +378,12 @@ class ShardedDockClient:
     # ------------------------------------------------------------------ Ray calls
 
     def _lost(self, part: int | None, error: Exception) -> DockShardLostError:
-        if part is None:
-            return DockShardLostError("controller", "of the controller", str(error).splitlines()[0])
-        node = self.node_names.get(self.shard_nodes[part], self.shard_nodes[part])
-        return DockShardLostError(f"shard {part}", node, str(error).splitlines()[0][:200])
+        """The error for a dead shard `part` (None: the controller, on the launching caller's node)."""
+        node_id = self.controller_node if part is None else self.shard_nodes[part]
+        what = "controller" if part is None else f"shard {part}"
+        return DockShardLostError(
+            what, self.node_names.get(node_id, node_id), str(error).splitlines()[0][:200]
+        )
 
     def _gather(self, refs: list[Any], parts: Sequence[int | None]) -> list[Any]:
         """ray.get of calls to the actors `parts` (shard index, None: the controller); a dead actor
