@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -71,3 +72,16 @@ def rows_of(lengths: list[int], start: int = 0, dtype: torch.dtype = torch.int64
 @pytest.fixture
 def make_rows() -> Any:
     return rows_of
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    """A Ray of 2 CPUs for one test module; `address="local"` starts it here, never joining a cluster
+    another process on the machine started."""
+    ray = pytest.importorskip("ray")
+    ray.init(
+        address="local", num_cpus=2, object_store_memory=500 * 1024 * 1024, include_dashboard=False,
+        log_to_driver=False,
+    )  # fmt: skip
+    yield
+    ray.shutdown()

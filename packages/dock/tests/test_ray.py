@@ -28,11 +28,7 @@ from entrepot.dock.ray import RayDockClient  # noqa: E402
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_session():
-    ray.init(num_cpus=2, object_store_memory=500 * 1024 * 1024, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("local_ray")  # a Ray of 2 CPUs for the module (conftest)
 
 
 @ray.remote(num_cpus=0.25)

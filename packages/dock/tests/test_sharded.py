@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -30,17 +31,21 @@ from entrepot.dock.sharded import ShardedDockClient  # noqa: E402
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_session():
-    ray.init(
-        address="local",
-        num_cpus=2,
-        object_store_memory=500 * 1024 * 1024,
-        include_dashboard=False,
-        log_to_driver=False,
-    )
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("local_ray")  # a Ray of 2 CPUs for the module (conftest)
+
+
+def kill_and_wait(actor: Any, timeout: float = 60.0) -> None:
+    """`ray.kill` and wait until the actor is dead: ray.kill only asks, so a call made right after it
+    may still run on a loaded machine."""
+    ray.kill(actor)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=timeout)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"actor still alive {timeout:g} s after ray.kill")
 
 
 def _sequences(rows: torch.Tensor) -> list[torch.Tensor]:
@@ -199,14 +204,14 @@ def test_save_and_load_into_another_number_of_shards(tmp_path):
 def test_a_lost_shard_names_its_node_and_the_get_gives_its_rows_back():
     dock = ShardedDockClient.launch(ExperienceDock, shards=2, capacity=8, columns=["x"], consumers=["c"])
     dock.put({"x": _sequences(torch.arange(8))}, torch.arange(8))
-    ray.kill(dock.shards[1])
+    kill_and_wait(dock.shards[1])
     node = ray.get_runtime_context().get_node_id()[:12]
     with pytest.raises(DockShardLostError, match=f"shard 1 on node .*{node}"):
         dock.get("c", ["x"], 8)
     assert dock.progress("c") == {"consumed": 0, "live": 8}  # nothing was consumed by the failed get
     served = dock.get("c", ["x"], 4, indexes=[0, 1, 2, 3])
     assert served.indexes.tolist() == [0, 1, 2, 3]  # shard 0 still serves
-    ray.kill(dock.controller)
+    kill_and_wait(dock.controller)
     with pytest.raises(DockShardLostError, match=f"controller on node .*{node}"):
         dock.progress("c")
 
@@ -220,7 +225,7 @@ def test_a_get_takes_rows_of_its_own_nodes_shards_first():
                                  ["node-a", "node-b", "node-b"])  # fmt: skip
     rows = torch.arange(12)
     kinds = {"prompts": (torch.int64, False)}
-    controller.prepare_put(kinds, rows, None, None)
+    controller.prepare_put(kinds, rows, None)
     controller.commit_put({"prompts": torch.full((12,), 3)}, rows, None, None, False)
     take = controller.take
     b = take("actor_rollout", ["prompts"], 4, {}, "node-b")[0]

@@ -46,17 +46,7 @@ STATUSES = ("ready", "consumed", "live", "age", "completed", "born")
 UNCOMPARED_METRICS = ("dock/bytes_allocated", "dock/shards")  # and dock/wait_s/* (timing)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_session():
-    ray.init(
-        address="local",
-        num_cpus=2,
-        object_store_memory=500 * 1024 * 1024,
-        include_dashboard=False,
-        log_to_driver=False,
-    )
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("local_ray")  # a Ray of 2 CPUs for the module (conftest)
 
 
 class Each(tuple):
@@ -160,7 +150,7 @@ def _twin(dock_cls: type[ExperienceDock], shards: int, **kwargs: Any) -> Any:
 # Launching a sharded dock starts a worker process per actor (seconds each on a small machine), so the
 # tests share two twins; each test starts from a `reset` (itself compared on both docks).
 @pytest.fixture(scope="module")
-def _plain() -> Any:
+def _plain(local_ray: None) -> Any:
     """16 rows in groups of 2 over 3 shards; no partial rollout."""
     yield from _twin(
         ExperienceDock, 3, capacity=16, n_samples_per_prompt=2, columns=["x", "y", "s"],
@@ -169,7 +159,7 @@ def _plain() -> Any:
 
 
 @pytest.fixture(scope="module")
-def _grpo() -> Any:
+def _grpo(local_ray: None) -> Any:
     """4 prompt groups of 2 over 2 shards, partial rollout (max_age 3, max_staleness 1)."""
     yield from _twin(
         GRPODock, 2, prompts_num=4, n_samples_per_prompt=2, max_age=3, max_staleness=1,

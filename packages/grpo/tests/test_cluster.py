@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,20 @@ def ray_cluster() -> Iterator[Any]:
             ray.shutdown()
             cluster.shutdown()
             shutil.rmtree(files, ignore_errors=True)
+
+
+def kill_and_wait(actor: Any, timeout: float = 60.0) -> None:
+    """`ray.kill` and wait until the actor is dead: ray.kill only asks, so a call made right after it
+    may still run on a loaded machine."""
+    ray.kill(actor)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=timeout)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"actor still alive {timeout:g} s after ray.kill")
 
 
 def _overrides(*more: str) -> list[str]:
@@ -139,7 +154,7 @@ def test_a_dead_worker_is_named_by_its_node_and_resume_finishes(ray_cluster: Any
 
         def kill_rank_1(metrics: dict[str, Any]) -> None:  # after the last step, before its checkpoint
             if metrics["step"] == 2:
-                ray.kill(trainer.actors.actors[1])  # type: ignore[attr-defined]
+                kill_and_wait(trainer.actors.actors[1])  # type: ignore[attr-defined]
 
         died = (
             rf"failed in actor rank 1 on node 127\.0\.0\.1 \(node id {nodes[1].node_id[:12]}\.\.\.\): "
@@ -172,7 +187,7 @@ def test_a_lost_dock_shard_is_named_by_its_node_and_resume_finishes(ray_cluster:
 
         def kill_shard_1(metrics: dict[str, Any]) -> None:  # after the last step, before its checkpoint
             if metrics["step"] == 2:
-                ray.kill(dock.shards[1])
+                kill_and_wait(dock.shards[1])
 
         lost = rf"dock's shard 1 on node 127\.0\.0\.1 \(id {dock.shard_nodes[1][:12]}\) is lost"
         with pytest.raises((DockShardLostError, StageError), match=lost):
