@@ -184,7 +184,7 @@ def test_save_and_load_into_another_number_of_shards(tmp_path):
     batch = dock.get("actor_rollout", ["prompts"], 6)
     dock.put({"responses": _sequences(batch.indexes)}, batch.indexes, completed=[True] * 4 + [False] * 2)
     dock.save(str(tmp_path / "dock.pt"))
-    for shards in (3, 2, 1):
+    for shards in (2, 1):  # saved from 3 shards
         back = ShardedDockClient.launch(GRPODock, shards=shards, **kwargs)
         back.load(str(tmp_path / "dock.pt"))
         for layout in ("packed", "padded"):
