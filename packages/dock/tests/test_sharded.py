@@ -86,6 +86,7 @@ def test_same_results_as_one_dock_padded_packed_grouped_and_explicit():
     assert batch.data["responses"][2, :3].tolist() == [7, 7, 7] and batch.data["responses"][2, 3] == 0
     with pytest.raises(NotReadyError, match="old_log_prob"):
         sharded.peek(["old_log_prob"], [0])
+    assert sharded.put_prompts([], 2).tolist() == single.put_prompts([], 2).tolist() == []  # nothing to put
     metrics = sharded.metrics()
     assert metrics["dock/shards"] == 3 and metrics["dock/bytes_stored"] > 0
 

@@ -411,6 +411,8 @@ class ShardedDockClient:
 
     def _by_shard(self, rows: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
         """(shard, positions in `rows` it holds) for every shard holding some of `rows`."""
+        if rows.numel() == 0:
+            return []
         shard = self.shard_of_group[rows // self.n_samples_per_prompt]
         if bool((shard == shard[0]).all()):
             return [(int(shard[0]), torch.arange(rows.numel()))]
@@ -516,6 +518,8 @@ class ShardedDockClient:
         if "prompts" not in self._specs or "prompt_length" not in self._specs:
             raise InvalidArgumentError("put_prompts needs a GRPODock (columns prompts and prompt_length)")
         num_prompts = count_prompts(prompts, lengths)
+        if num_prompts == 0:
+            return torch.empty(0, dtype=torch.int64)  # as one dock: nothing stored, no dtype fixed
         column = normalize_column("prompts", prompts, lengths, num_prompts, False)
         assert column.lengths is not None  # sequences
         columns = {
