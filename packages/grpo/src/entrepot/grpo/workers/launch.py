@@ -46,7 +46,7 @@ class Cluster:
         return "placement: " + "; ".join(where) if where else None
 
     def close(self) -> None:
-        """Stop the workers and the dock actor (Ray itself stays up for the next run in this process)."""
+        """Stop the workers and the dock's actors (Ray itself stays up for the next run in this process)."""
         self.actors.close()
         self.rewards.close()
         for group in (self.references, self.reward_models):
