@@ -9,12 +9,15 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from entrepot.dock._columns import SeqSnapshot
 from entrepot.dock._taken import Taken
+
+if TYPE_CHECKING:
+    from entrepot.dock._inputs import ColumnData
 
 _ALIGN = 64  # every tensor starts on a 64-byte boundary, so typed views are aligned
 
@@ -66,6 +69,27 @@ def encode(tensors: Mapping[str, torch.Tensor]) -> tuple[WireLayout, torch.Tenso
     buffer = torch.empty(layout.nbytes, dtype=torch.uint8)
     for key, view in views(layout, buffer).items():
         view.copy_(tensors[key].reshape(-1))
+    return layout, buffer
+
+
+def encode_columns(
+    columns: Mapping[str, ColumnData], dtypes: Mapping[str, torch.dtype] | None = None
+) -> tuple[WireLayout, torch.Tensor]:
+    """A put's columns into one buffer, each in `dtypes[name]` (default: its own); the rows' only copy."""
+    specs: list[tuple[str, torch.dtype, int]] = []
+    for name, column in columns.items():
+        dtype = column.dtype if dtypes is None else dtypes[name]
+        if column.lengths is None:
+            specs.append((f"s:{name}", dtype, column.numel))
+        else:
+            specs += [(f"d:{name}", dtype, column.numel), (f"l:{name}", torch.int64, column.lengths.numel())]
+    layout = plan(specs)
+    buffer = torch.empty(layout.nbytes, dtype=torch.uint8)
+    out = views(layout, buffer)
+    for name, column in columns.items():
+        column.copy_into(out[f"s:{name}" if column.lengths is None else f"d:{name}"])
+        if column.lengths is not None:
+            out[f"l:{name}"].copy_(column.lengths)
     return layout, buffer
 
 

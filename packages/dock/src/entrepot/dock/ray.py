@@ -35,7 +35,7 @@ from entrepot.dock._errors import DockStateError, InvalidArgumentError
 from entrepot.dock._grpo import count_prompts
 from entrepot.dock._inputs import normalize_column, normalize_put
 from entrepot.dock._leases import Lease
-from entrepot.dock._wire import WireLayout, as_uint8, decode, encode_taken, plan, views
+from entrepot.dock._wire import WireLayout, as_uint8, decode, encode_columns, encode_taken
 
 __all__ = ["CALLABLE_METHODS", "DockActor", "RayDockClient"]
 
@@ -163,22 +163,7 @@ class RayDockClient:
         rows = torch.as_tensor(indexes).reshape(-1)
         data = dict(data.items())  # a TensorDict iterates over rows, not keys
         columns = normalize_put(data, lengths, rows.numel(), {})
-        specs: list[tuple[str, torch.dtype, int]] = []
-        for name, column in columns.items():
-            if column.lengths is None:
-                specs.append((f"s:{name}", column.dtype, column.numel))
-            else:
-                specs += [
-                    (f"d:{name}", column.dtype, column.numel),
-                    (f"l:{name}", torch.int64, column.lengths.numel()),
-                ]
-        layout = plan(specs)
-        buffer = torch.empty(layout.nbytes, dtype=torch.uint8)
-        out = views(layout, buffer)
-        for name, column in columns.items():  # the caller's rows are copied once, into the wire buffer
-            column.copy_into(out[f"s:{name}" if column.lengths is None else f"d:{name}"])
-            if column.lengths is not None:
-                out[f"l:{name}"].copy_(column.lengths)
+        layout, buffer = encode_columns(columns)  # the caller's rows are copied once, into the wire buffer
         done = None if completed is None else torch.as_tensor(completed, dtype=torch.bool)
         ray.get(self.actor.put_wire.remote(layout, buffer.numpy(), rows, done, ack))
 

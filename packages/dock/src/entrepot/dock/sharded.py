@@ -76,7 +76,7 @@ from entrepot.dock._inputs import (
 from entrepot.dock._leases import Lease
 from entrepot.dock._ledger import Kind, Ledger
 from entrepot.dock._rowcopy import RowSource, gather_into
-from entrepot.dock._wire import WireLayout, as_uint8, decode, encode_taken, plan, views
+from entrepot.dock._wire import WireLayout, as_uint8, decode, encode_columns, encode_taken
 
 __all__ = ["COMMIT_WINDOW_S", "DockShard", "ShardController", "ShardedDockClient"]
 
@@ -482,23 +482,7 @@ class ShardedDockClient:
     ) -> tuple[WireLayout, Any]:
         """Rows `at` of the columns as one buffer, each in its stored dtype (the rows' only copy here)."""
         picked = {name: column.select(at) if subset else column for name, column in columns.items()}
-        specs: list[tuple[str, torch.dtype, int]] = []
-        for name, column in picked.items():
-            dtype = kinds[name][0]
-            if column.lengths is None:
-                specs.append((f"s:{name}", dtype, column.numel))
-            else:
-                specs += [
-                    (f"d:{name}", dtype, column.numel),
-                    (f"l:{name}", torch.int64, column.lengths.numel()),
-                ]
-        layout = plan(specs)
-        buffer = torch.empty(layout.nbytes, dtype=torch.uint8)
-        out = views(layout, buffer)
-        for name, column in picked.items():
-            column.copy_into(out[f"s:{name}" if column.lengths is None else f"d:{name}"])
-            if column.lengths is not None:
-                out[f"l:{name}"].copy_(column.lengths)
+        layout, buffer = encode_columns(picked, {name: kind[0] for name, kind in kinds.items()})
         return layout, buffer.numpy()
 
     def put_prompts(
