@@ -82,3 +82,22 @@ def test_an_unknown_activation_is_refused_by_name() -> None:
     hf_config.activation_function = "gelu_10"
     with pytest.raises(UnknownArchitectureError, match=r"activation_function 'gelu_10' is not supported"):
         GPT2RolloutEngine.from_hf_config(hf_config)
+
+
+def test_a_repeated_prompt_is_prefilled_once_and_decodes_like_a_distinct_one() -> None:
+    model, engine = _model_and_engine()
+    prompts = [[2, 3, 4, 5, 6], [7, 8, 9], [2, 3, 4, 5, 6], [7, 8, 9], [2, 3, 4, 5, 6]]  # 2 distinct
+    rows_prefilled: list[int] = []
+    forward = engine._forward
+
+    def counting_forward(ids: torch.Tensor, *args: object) -> torch.Tensor:
+        rows_prefilled.append(ids.shape[0])
+        return forward(ids, *args)  # type: ignore[arg-type]
+
+    engine._forward = counting_forward  # type: ignore[method-assign]
+    out, logp = engine.generate_with_logprobs(prompts, SamplingParams(temperature=0.0, max_new_tokens=6))
+    assert rows_prefilled[0] == 2  # the prefill ran the distinct prompts; decoding runs every row
+    assert rows_prefilled[1:] and set(rows_prefilled[1:]) == {5}
+    assert out == [_greedy_no_cache(model, p, 6) for p in prompts]
+    torch.testing.assert_close(logp[0], logp[2])
+    torch.testing.assert_close(logp[1], logp[3])

@@ -244,6 +244,42 @@ class GPT2RolloutEngine:
         x = self._layer_norm(x[:, -1], "transformer.ln_f")  # [B, H]
         return F.linear(x, w["transformer.wte.weight"])  # tied LM head  # [B, V]
 
+    def _prefill(
+        self,
+        prompts: Sequence[Sequence[int] | torch.Tensor],
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        key_mask: torch.Tensor,
+        total: int,
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Run the prompts ids [B, Lp]: last-position logits [B, V], the KV cache [B, N, total, D] per layer.
+
+        Each distinct prompt runs once (GRPO repeats every prompt n times); its rows copy the result.
+        """
+        slot: dict[tuple[int, ...], int] = {}
+        unique: list[int] = []  # the first row of each distinct prompt
+        inverse: list[int] = []  # each row's distinct prompt
+        for row, prompt in enumerate(prompts):
+            key = tuple(prompt.tolist()) if isinstance(prompt, torch.Tensor) else tuple(prompt)
+            if key not in slot:
+                slot[key] = len(unique)
+                unique.append(row)
+            inverse.append(slot[key])
+        d = self.hidden // self.num_heads
+        cache = [
+            (
+                torch.zeros(len(unique), self.num_heads, total, d, device=ids.device),
+                torch.zeros(len(unique), self.num_heads, total, d, device=ids.device),
+            )
+            for _ in range(self.num_layers)
+        ]
+        if len(unique) == len(inverse):
+            return self._forward(ids, positions, cache, 0, key_mask), cache
+        first = torch.tensor(unique, device=ids.device)
+        logits = self._forward(ids[first], positions[first], cache, 0, key_mask[first])
+        rows = torch.tensor(inverse, device=ids.device)
+        return logits[rows], [(k[rows], v[rows]) for k, v in cache]
+
     @staticmethod
     def _sample(
         logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
@@ -309,15 +345,7 @@ class GPT2RolloutEngine:
             key_mask[row, prompt_len - len(p) : prompt_len] = True
         positions = (key_mask[:, :prompt_len].long().cumsum(-1) - 1).clamp(min=0)  # [B, Lp]
         next_pos = key_mask[:, :prompt_len].sum(-1)  # [B]
-        d = self.hidden // self.num_heads
-        cache = [
-            (
-                torch.zeros(b, self.num_heads, total, d, device=dev),
-                torch.zeros(b, self.num_heads, total, d, device=dev),
-            )
-            for _ in range(self.num_layers)
-        ]
-        logits = self._forward(ids, positions, cache, 0, key_mask)
+        logits, cache = self._prefill(prompts, ids, positions, key_mask, total)
         stop = torch.tensor(params.stop_token_ids, dtype=torch.long, device=dev)
         done = torch.zeros(b, dtype=torch.bool, device=dev)
         out = torch.full((b, params.max_new_tokens), pad_token_id, dtype=torch.long, device=dev)

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from entrepot.grpo.shared_prefix import shared_prefix_attention, shared_prefix_layout
+
 __all__ = ["PACKED_ATTENTION", "ResponseBatch", "packed_attention", "response_logprobs", "segment_index"]
 
 PACKED_ATTENTION = "entrepot_packed"
@@ -142,11 +144,15 @@ def _packed_attention(
     """An HF attention function over one packed row: causal attention inside each sequence.
 
     query/key/value: [1, N_heads, T, D]; kwargs carry ``cu_seq_lens_q`` and ``max_length_q`` from the
-    model call. Returns [1, T, N_heads, D] as HF's attention functions do.
+    model call, or ``shared_prefix`` (a `SharedPrefixLayout`) for a row whose groups share their
+    prompt. Returns [1, T, N_heads, D] as HF's attention functions do.
     """
     from entrepot.batching import packed_causal_attention
 
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # each [T, heads, D]
+    layout = kwargs.get("shared_prefix")
+    if layout is not None:
+        return shared_prefix_attention(q, k, v, layout, scaling).unsqueeze(0), None
     out = packed_causal_attention(
         q, k, v, kwargs["cu_seq_lens_q"], int(kwargs["max_length_q"]), softmax_scale=scaling
     )
@@ -182,8 +188,23 @@ def packed_attention(model: torch.nn.Module) -> Iterator[None]:
 
 
 def _packed_logits(model: torch.nn.Module, batch: ResponseBatch, keep: torch.Tensor) -> torch.Tensor:
-    """Logits [R, V] at flat positions `keep` of the packed row (the LM head runs on those only)."""
+    """Logits [R, V] at flat positions `keep` of the packed row (the LM head runs on those only).
+
+    Rows that share a prompt (a GRPO group) run it once (`entrepot.grpo.shared_prefix`).
+    """
     device = _device_of(model)
+    layout = shared_prefix_layout(batch.tokens, batch.prompt_lengths, batch.response_lengths)
+    if layout is not None:
+        with packed_attention(model):
+            output = model(
+                input_ids=batch.tokens[layout.order][None].to(device),
+                attention_mask=torch.ones(1, layout.num_tokens, dtype=torch.int64, device=device),
+                position_ids=layout.position_ids[None].to(device),
+                shared_prefix=layout,
+                logits_to_keep=layout.keep.to(device),
+            )
+        shared: torch.Tensor = output.logits[0]  # [R, V]
+        return shared
     lengths = batch.lengths  # [B]
     starts = _starts(lengths)
     position_ids = torch.arange(batch.tokens.numel()) - torch.repeat_interleave(starts, lengths)  # [N]

@@ -161,11 +161,18 @@ class ActorWorker:
             self.model_rewards = ModelRewards(
                 config, self.policy.setup.tokenizer, offload=config.engine.reward_models_offloaded
             )
+        self._tracked_params: list[torch.Tensor] | None = None
         self.memory = PhaseMemory(config.engine.device, self._device_bytes)
 
     def _device_bytes(self) -> int:
-        """Bytes of model state on the device now: training state, rollout weights, reference, rewards."""
-        params = list(self.trainer.named_parameters().values())
+        """Bytes of model state on the device now: training state, rollout weights, reference, rewards.
+
+        Parameters keep their identity for the run (offloading empties their storages in place), so
+        their list is made once; gradients and optimizer state come and go, and are listed each call.
+        """
+        if self._tracked_params is None:
+            self._tracked_params = list(self.trainer.named_parameters().values())
+        params = self._tracked_params
         grads = [g for p in params for g in (getattr(p, "grad", None), getattr(p, "main_grad", None))
                  if isinstance(g, torch.Tensor)]  # fmt: skip
         optim = [v for state in self.trainer.torch_optimizer.state.values() for v in state.values()
