@@ -124,6 +124,9 @@ def _tests(name: str) -> None:
 def _bench(name: str) -> None:
     @nox.session(name=f"bench-{name}", default=False)
     def session_fn(session: nox.Session) -> None:
+        # Byte-compiled at install, as `pip install` leaves packages: start-up times are then a user's
+        # (uv does not compile by default, and PYTHONDONTWRITEBYTECODE would recompile every run).
+        session.env["UV_COMPILE_BYTECODE"] = "1"
         _install_package(session, name, PACKAGES[name]["extras"], BENCH_REQUIREMENTS.get(name))
         benchmarks = sorted((ROOT / "packages" / name / "benchmarks").glob("bench_*.py"))
         if not benchmarks:
