@@ -11,7 +11,9 @@ columns until all consumed. Run against (a) the seed's design implemented litera
 
 Bounds, measured in the same run (see CopyBound): after every put and get of (b) and (c), a
 `torch.Tensor.copy_` of as many bytes; in-process put and get are reported as fractions of that
-copy bandwidth (target >= 0.5), the Ray get also as a fraction of 1 GB/s (target >= 1).
+copy bandwidth (target >= 0.5), the Ray get also as a fraction of 1 GB/s (target >= 1). Printed
+beside, not instead: the get against the copy of its valid bytes plus a fill of its padding bytes
+(what any padded layout must write), and the minor page faults taken during the timed calls.
 
     python bench_dock.py [--small] [--no-ray]
 """
@@ -19,6 +21,7 @@ copy bandwidth (target >= 0.5), the Ray get also as a fraction of 1 GB/s (target
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import sys
 import time
@@ -128,16 +131,28 @@ class CopyBound:
 
     def copy_s(self, nbytes: int) -> float:
         """Seconds one copy_ of `nbytes` takes (buffers grown, untimed, when a call needs more)."""
-        if not self.src or self.src[0].numel() < nbytes:
-            size = max(nbytes, 1 << 20)
-            self.src = [torch.full((size,), 7, dtype=torch.uint8) for _ in range(self.slots)]
-            self.dst = [torch.zeros(size, dtype=torch.uint8) for _ in range(self.slots)]
+        self._grow(nbytes)
         self.turn = (self.turn + 1) % self.slots
         src = self.src[self.turn].narrow(0, 0, nbytes)
         dst = self.dst[(self.turn + self.slots // 2) % self.slots].narrow(0, 0, nbytes)
         start = time.perf_counter()
         dst.copy_(src)
         return time.perf_counter() - start
+
+    def fill_s(self, nbytes: int) -> float:
+        """Seconds one `zero_` of `nbytes` takes in a rotating destination (a padded get's tail fill)."""
+        self._grow(nbytes)
+        self.turn = (self.turn + 1) % self.slots
+        dst = self.dst[self.turn].narrow(0, 0, nbytes)
+        start = time.perf_counter()
+        dst.zero_()
+        return time.perf_counter() - start
+
+    def _grow(self, nbytes: int) -> None:
+        if not self.src or self.src[0].numel() < nbytes:
+            size = max(nbytes, 1 << 20)
+            self.src = [torch.full((size,), 7, dtype=torch.uint8) for _ in range(self.slots)]
+            self.dst = [torch.zeros(size, dtype=torch.uint8) for _ in range(self.slots)]
 
 
 @dataclass
@@ -150,6 +165,14 @@ class Timings:
     stored_bytes: int = 0  # valid bytes the store holds
     put_copy_s: float = 0.0  # the copy bound for the same bytes (see CopyBound)
     get_copy_s: float = 0.0
+    get_fill_s: float = 0.0  # a fill of the padding bytes the gets wrote (see CopyBound.fill_s)
+    put_faults: int = 0  # minor page faults of this process during the timed puts / gets
+    get_faults: int = 0
+
+
+def minor_faults() -> int:
+    """Minor page faults this process has taken so far (first touches of fresh pages, among others)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def timed(fn: Callable[[], Any], into: list[float]) -> Any:
@@ -162,24 +185,31 @@ def timed(fn: Callable[[], Any], into: list[float]) -> Any:
 def run_ours(dock: Any, work: Workload, num_rows: int, bound: CopyBound | None = None) -> Timings:
     """GRPO phases and actor_train gets through a DockClient (in-process dock or Ray client).
 
-    With `bound`, each call is followed by a copy_ of its bytes (t.put_copy_s / t.get_copy_s).
+    With `bound`, each call is followed by a copy_ of its bytes (t.put_copy_s / t.get_copy_s) and
+    each get also by a fill of its padding bytes (t.get_fill_s).
     """
     t = Timings(put_bytes=work.prompt_bytes)
+    faults = minor_faults()
     timed(lambda: dock.put_prompts(work.prompts, N_SAMPLES), t.put_s)
+    t.put_faults += minor_faults() - faults
     if bound is not None:
         t.put_copy_s += bound.copy_s(work.prompt_bytes)
     for phase in work.phases:
         rows = torch.arange(phase.start, phase.start + CHUNK)
         data: dict[str, Any] = {**{k: v for k, (v, _) in phase.padded.items()}, **phase.scalars}
         lengths = {k: lens for k, (_, lens) in phase.padded.items()}
+        faults = minor_faults()
         timed(lambda data=data, rows=rows, lengths=lengths: dock.put(data, rows, lengths=lengths), t.put_s)
+        t.put_faults += minor_faults() - faults
         t.put_bytes += phase.nbytes
         if bound is not None:
             t.put_copy_s += bound.copy_s(phase.nbytes)
     metrics = dock.metrics()
     t.held_bytes, t.stored_bytes = int(metrics["dock/bytes_allocated"]), int(metrics["dock/bytes_stored"])
     while True:
+        faults = minor_faults()
         batch = timed(lambda: dock.get("actor_train", TRAIN_COLUMNS, CHUNK), t.get_s)
+        t.get_faults += minor_faults() - faults
         if batch is None:
             t.get_s.pop()  # the final "all consumed" call moves no data
             break
@@ -189,10 +219,12 @@ def run_ours(dock: Any, work: Workload, num_rows: int, bound: CopyBound | None =
             else batch.data[c].nbytes
             for c in TRAIN_COLUMNS
         )
+        padded_bytes = sum(batch.data[c].nbytes for c in TRAIN_COLUMNS)
         t.get_bytes += nbytes
         del batch  # a consumer drops each batch before it gets the next one
         if bound is not None:
             t.get_copy_s += bound.copy_s(nbytes)
+            t.get_fill_s += bound.fill_s(padded_bytes - nbytes)
     assert t.get_bytes and len(t.get_s) == num_rows // CHUNK
     return t
 
@@ -279,6 +311,16 @@ def fmt_bound(name: str, t: Timings, ray_target: float | None = None) -> str:
     )
 
 
+def fmt_beside(name: str, t: Timings) -> str:
+    """The get against copy + padding fill, and the minor page faults (MB of 4 KiB pages) of the calls."""
+    padded = (t.get_copy_s + t.get_fill_s) / sum(t.get_s)
+    put_mb, get_mb = t.put_faults * 4096 / 1e6, t.get_faults * 4096 / 1e6
+    return (
+        f"| {name:<26} | {padded:15.2f} | {t.put_faults:10d} ({put_mb:5.0f} MB) "
+        f"| {t.get_faults:10d} ({get_mb:5.0f} MB) |"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="128 prompts instead of 1,024 (a quick check)")
@@ -301,6 +343,7 @@ def main() -> None:
         fmt_row("ExperienceDock in-process", ours, base_total),
     ]
     bounds = [fmt_bound("ExperienceDock in-process", ours)]
+    beside = [fmt_beside("ExperienceDock in-process", ours)]
     # A training loop reuses its dock every iteration: the third iteration shows the steady state
     # (our clear() recycles the segments, so no fresh memory is faulted in).
     for _ in range(2):
@@ -311,6 +354,7 @@ def main() -> None:
     rows.append(fmt_row("seed design, 3rd iteration", steady_base, None))
     rows.append(fmt_row("ExperienceDock, 3rd iter.", steady, steady_total))
     bounds.append(fmt_bound("ExperienceDock, 3rd iter.", steady))
+    beside.append(fmt_beside("ExperienceDock, 3rd iter.", steady))
     if not args.no_ray:
         import ray
 
@@ -333,6 +377,8 @@ def main() -> None:
         rows.append(fmt_row("ExperienceDock Ray, iter 3", remote_steady, None))
         bounds.append(fmt_bound("ExperienceDock Ray actor", remote, ray_target=1.0))
         bounds.append(fmt_bound("ExperienceDock Ray, iter 3", remote_steady, ray_target=1.0))
+        beside.append(fmt_beside("ExperienceDock Ray actor", remote))
+        beside.append(fmt_beside("ExperienceDock Ray, iter 3", remote_steady))
 
     header = (
         "| implementation             | put s   | p50 ms  | max ms  | GB/s   | get s   | p50 ms  | max ms  "
@@ -347,6 +393,13 @@ def main() -> None:
         "| Ray target              |"
     )
     _print_table(header, bounds)
+    print()
+    print("Beside the bounds, not instead: get / (copy_ of its valid bytes + zero_ of its padding bytes),")
+    print("what a padded layout must write; minor page faults of this process during the timed calls:")
+    header = (
+        "| run                        | get/(copy+fill) | put minor faults      | get minor faults      |"
+    )
+    _print_table(header, beside)
 
     big_dock = GRPODock(1_000_000 // N_SAMPLES, N_SAMPLES)
     big = run_ours(big_dock, work, num_rows)
