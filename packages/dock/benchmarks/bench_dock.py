@@ -5,8 +5,9 @@ in 512-4,096 tokens. Phases in GRPO order, 256 rows per put, inputs padded as mo
 prompts (fan-out); responses + response_length + input_ids; ref and old log-probs (float32);
 advantages (one float32 per response). Then `actor_train` pulls 256-row padded batches of 7
 columns until all consumed. Run against (a) the seed's design implemented literally
-(seed_baseline.py), (b) our ExperienceDock in-process (first and third iteration of a reused dock),
-(c) the same through the Ray actor (first and third iteration); then the per-call cost of `get` at
+(seed_baseline.py), (b) our ExperienceDock in-process (first and third iteration of a reused dock,
+and a fourth whose gets are packed, the layout entrepot.grpo's stages read), (c) the same through
+the Ray actor (first and third iteration); then the per-call cost of `get` at
 1,000,000 rows capacity vs 8,192. GB/s counts valid (unpadded) bytes.
 
 Bounds, measured in the same run (see CopyBound): after every put and get of (b) and (c), a
@@ -182,11 +183,14 @@ def timed(fn: Callable[[], Any], into: list[float]) -> Any:
     return out
 
 
-def run_ours(dock: Any, work: Workload, num_rows: int, bound: CopyBound | None = None) -> Timings:
+def run_ours(
+    dock: Any, work: Workload, num_rows: int, bound: CopyBound | None = None, layout: str = "padded"
+) -> Timings:
     """GRPO phases and actor_train gets through a DockClient (in-process dock or Ray client).
 
     With `bound`, each call is followed by a copy_ of its bytes (t.put_copy_s / t.get_copy_s) and
-    each get also by a fill of its padding bytes (t.get_fill_s).
+    each get also by a fill of its padding bytes (t.get_fill_s). `layout` is the gets' layout:
+    "padded" as MindSpeed-RL's consumers read, "packed" as entrepot.grpo's stages read.
     """
     t = Timings(put_bytes=work.prompt_bytes)
     faults = minor_faults()
@@ -208,15 +212,15 @@ def run_ours(dock: Any, work: Workload, num_rows: int, bound: CopyBound | None =
     t.held_bytes, t.stored_bytes = int(metrics["dock/bytes_allocated"]), int(metrics["dock/bytes_stored"])
     while True:
         faults = minor_faults()
-        batch = timed(lambda: dock.get("actor_train", TRAIN_COLUMNS, CHUNK), t.get_s)
+        batch = timed(lambda: dock.get("actor_train", TRAIN_COLUMNS, CHUNK, layout=layout), t.get_s)
         t.get_faults += minor_faults() - faults
         if batch is None:
             t.get_s.pop()  # the final "all consumed" call moves no data
             break
         nbytes = sum(
             int(batch.lengths[c].sum()) * batch.data[c].element_size()
-            if c in batch.lengths
-            else batch.data[c].nbytes
+            if c in batch.lengths and layout == "padded"
+            else batch.data[c].nbytes  # packed: flat, valid bytes only
             for c in TRAIN_COLUMNS
         )
         padded_bytes = sum(batch.data[c].nbytes for c in TRAIN_COLUMNS)
@@ -355,6 +359,10 @@ def main() -> None:
     rows.append(fmt_row("ExperienceDock, 3rd iter.", steady, steady_total))
     bounds.append(fmt_bound("ExperienceDock, 3rd iter.", steady))
     beside.append(fmt_beside("ExperienceDock, 3rd iter.", steady))
+    # entrepot.grpo's stages read packed (remove padding): the same flow once more, gets packed.
+    small_dock.clear()
+    packed = run_ours(small_dock, work, num_rows, bound, layout="packed")
+    bounds.append(fmt_bound("4th iter., packed gets", packed))
     if not args.no_ray:
         import ray
 
