@@ -119,6 +119,25 @@ def gpt2_infer_to_hf(named: Mapping[str, torch.Tensor]) -> dict[str, torch.Tenso
     return out
 
 
+def _flat_ids(prompts: Sequence[Sequence[int] | torch.Tensor]) -> torch.Tensor:
+    """The prompts' token ids end to end, int64 [sum of lengths] (one cat or one tensor, no per-row op)."""
+    if any(isinstance(p, torch.Tensor) for p in prompts):
+        return torch.cat([torch.as_tensor(p, dtype=torch.long).reshape(-1).cpu() for p in prompts])
+    return torch.tensor([token for p in prompts for token in p], dtype=torch.long)
+
+
+def _left_padded(
+    flat: torch.Tensor, lengths: list[int], width: int, total: int, pad_token_id: int,
+    device: str | torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Prompt ids left-padded to [B, width], and the key mask [B, total], true on their tokens."""
+    key_mask = torch.zeros(len(lengths), total, dtype=torch.bool)
+    key_mask[:, :width] = torch.arange(width)[None, :] >= (width - torch.tensor(lengths))[:, None]
+    ids = torch.full((len(lengths), width), pad_token_id, dtype=torch.long)
+    ids[key_mask[:, :width]] = flat  # row-major: each row's tokens in order, after its padding
+    return ids.to(device), key_mask.to(device)
+
+
 class GPT2RolloutEngine:
     """Batched sampling with a KV cache over GPT-2 weights in the inference layout.
 
@@ -246,7 +265,8 @@ class GPT2RolloutEngine:
 
     def _prefill(
         self,
-        prompts: Sequence[Sequence[int] | torch.Tensor],
+        flat: list[int],
+        lengths: list[int],
         ids: torch.Tensor,
         positions: torch.Tensor,
         key_mask: torch.Tensor,
@@ -254,13 +274,16 @@ class GPT2RolloutEngine:
     ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """Run the prompts ids [B, Lp]: last-position logits [B, V], the KV cache [B, N, total, D] per layer.
 
-        Each distinct prompt runs once (GRPO repeats every prompt n times); its rows copy the result.
+        `flat` holds the prompts' ids end to end, `lengths` each one's. Each distinct prompt runs
+        once (GRPO repeats every prompt n times); its rows copy the result.
         """
         slot: dict[tuple[int, ...], int] = {}
         unique: list[int] = []  # the first row of each distinct prompt
         inverse: list[int] = []  # each row's distinct prompt
-        for row, prompt in enumerate(prompts):
-            key = tuple(prompt.tolist()) if isinstance(prompt, torch.Tensor) else tuple(prompt)
+        start = 0
+        for row, length in enumerate(lengths):
+            key = tuple(flat[start : start + length])
+            start += length
             if key not in slot:
                 slot[key] = len(unique)
                 unique.append(row)
@@ -278,7 +301,7 @@ class GPT2RolloutEngine:
         first = torch.tensor(unique, device=ids.device)
         logits = self._forward(ids[first], positions[first], cache, 0, key_mask[first])
         rows = torch.tensor(inverse, device=ids.device)
-        return logits[rows], [(k[rows], v[rows]) for k, v in cache]
+        return logits[rows], [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in cache]
 
     @staticmethod
     def _sample(
@@ -338,14 +361,12 @@ class GPT2RolloutEngine:
             budget = f"prompt ({prompt_len}) + max_new_tokens ({params.max_new_tokens})"
             raise ValueError(f"{budget} exceeds the model's {self.positions} positions")
         dev = self.device
-        ids = torch.full((b, prompt_len), pad_token_id, dtype=torch.long, device=dev)
-        key_mask = torch.zeros(b, total, dtype=torch.bool, device=dev)
-        for row, p in enumerate(prompts):
-            ids[row, prompt_len - len(p) :] = torch.as_tensor(p, dtype=torch.long)
-            key_mask[row, prompt_len - len(p) : prompt_len] = True
+        lengths_in = [len(p) for p in prompts]
+        flat = _flat_ids(prompts)
+        ids, key_mask = _left_padded(flat, lengths_in, prompt_len, total, pad_token_id, dev)
         positions = (key_mask[:, :prompt_len].long().cumsum(-1) - 1).clamp(min=0)  # [B, Lp]
         next_pos = key_mask[:, :prompt_len].sum(-1)  # [B]
-        logits, cache = self._prefill(prompts, ids, positions, key_mask, total)
+        logits, cache = self._prefill(flat.tolist(), lengths_in, ids, positions, key_mask, total)
         stop = torch.tensor(params.stop_token_ids, dtype=torch.long, device=dev)
         done = torch.zeros(b, dtype=torch.bool, device=dev)
         out = torch.full((b, params.max_new_tokens), pad_token_id, dtype=torch.long, device=dev)
@@ -364,6 +385,6 @@ class GPT2RolloutEngine:
             logits = self._forward(token[:, None], next_pos[:, None], cache, prompt_len + t, key_mask)
             next_pos = next_pos + 1
         ends = lengths.tolist()
-        return [out[row, :end].tolist() for row, end in enumerate(ends)], [
-            out_logp[row, :end].cpu() for row, end in enumerate(ends)
-        ]
+        kept = torch.arange(out.shape[1], device=dev)[None, :] < lengths[:, None]  # [B, T] generated
+        logps = list(torch.split(out_logp[kept].cpu(), ends))  # one flat copy, then views per row
+        return [row[:end] for row, end in zip(out.tolist(), ends, strict=True)], logps
