@@ -101,3 +101,49 @@ def test_a_repeated_prompt_is_prefilled_once_and_decodes_like_a_distinct_one() -
     assert out == [_greedy_no_cache(model, p, 6) for p in prompts]
     torch.testing.assert_close(logp[0], logp[2])
     torch.testing.assert_close(logp[1], logp[3])
+
+
+def test_gumbel_sampling_draws_the_softmax_distribution() -> None:
+    _, engine = _model_and_engine()
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0] + [-30.0] * (engine.vocab - 4))
+    params = SamplingParams(temperature=0.7, max_new_tokens=1)
+    rows = 40_000
+    noise = engine._gumbel_noise(rows, params, torch.Generator().manual_seed(0))
+    assert noise is not None
+    tokens = engine._sample(logits.expand(rows, -1), params, noise[0])
+    observed = torch.bincount(tokens, minlength=engine.vocab).double() / rows
+    expected = (logits / 0.7).softmax(-1).double()
+    # within 4 standard errors of a multinomial proportion, for every token
+    assert torch.all((observed - expected).abs() <= 4 * (expected * (1 - expected) / rows).sqrt() + 1e-9)
+
+
+def test_decoding_lanes_do_not_change_the_samples() -> None:
+    model, one_lane = _model_and_engine()
+    two_lanes = GPT2RolloutEngine.from_hf_config(model.config, lanes=2)
+    two_lanes.load_weights(gpt2_hf_to_infer(dict(model.state_dict())))
+    prompts = [[2, 3, 4], [5, 6], [2, 3, 4], [7, 8, 9, 10], [5, 6]]
+    params = SamplingParams(max_new_tokens=6, stop_token_ids=(1,))
+    one, one_logp = one_lane.generate_with_logprobs(
+        prompts, params, generator=torch.Generator().manual_seed(3)
+    )
+    two, two_logp = two_lanes.generate_with_logprobs(
+        prompts, params, generator=torch.Generator().manual_seed(3)
+    )
+    assert one == two
+    for a, b in zip(one_logp, two_logp, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_the_noise_gives_the_samples_torch_multinomial_drew() -> None:
+    """The sampling stream is the previous release's: multinomial draws argmax(p / E) step by step."""
+    _, engine = _model_and_engine()
+    params = SamplingParams(max_new_tokens=3)
+    logits = torch.randn(3, 16, engine.vocab, generator=torch.Generator().manual_seed(1))
+    noise = engine._gumbel_noise(16, params, torch.Generator().manual_seed(7))
+    assert noise is not None
+    ours = torch.stack([engine._sample(logits[t], params, noise[t]) for t in range(3)])
+    gen = torch.Generator().manual_seed(7)
+    theirs = torch.stack(
+        [torch.multinomial(logits[t].softmax(-1), 1, generator=gen).squeeze(-1) for t in range(3)]
+    )
+    assert torch.equal(ours, theirs)

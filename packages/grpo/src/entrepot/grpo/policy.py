@@ -201,7 +201,10 @@ def _rollout_engine(
         )  # fmt: skip
         return engine, "infer"
     if type(model).__name__ == "GPT2LMHeadModel":
-        return GPT2RolloutEngine.from_hf_config(model.config, device=config.engine.device), "infer"
+        lanes = config.compute_lanes()  # decoding threads, as the log-prob and update passes have
+        return GPT2RolloutEngine.from_hf_config(
+            model.config, device=config.engine.device, lanes=lanes
+        ), "infer"
     from entrepot.grpo.rollout_hf import HFRolloutEngine
 
     module = copy.deepcopy(model) if copy_module else model

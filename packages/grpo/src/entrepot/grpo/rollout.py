@@ -16,6 +16,7 @@ Shape legend: B = sequences, S = cached positions, H = hidden, N = heads, D = he
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -23,6 +24,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from entrepot.grpo.lanes import run_lanes
 from entrepot.resharding.adaptors.gpt2 import gpt2_activation
 
 __all__ = [
@@ -146,6 +148,8 @@ class GPT2RolloutEngine:
         device: where weights and caches live.
         layer_norm_eps: LayerNorm epsilon of the checkpoint.
         activation: the MLP activation, as HF GPT-2 names it (``activation_function``).
+        lanes: threads a batch is decoded on, each taking a contiguous part of the rows
+            (`entrepot.grpo.lanes`); the samples do not depend on it (see `generate_with_logprobs`).
     """
 
     def __init__(
@@ -159,8 +163,10 @@ class GPT2RolloutEngine:
         device: str | torch.device = "cpu",
         layer_norm_eps: float = 1e-5,
         activation: str = "gelu_new",
+        lanes: int = 1,
     ) -> None:
         self.num_layers, self.num_heads, self.hidden = num_layers, num_heads, hidden
+        self.lanes = lanes
         self.activation = gpt2_activation(activation)
         self.vocab, self.positions, self.eps = vocab, positions, layer_norm_eps
         self.device = torch.device(device)
@@ -172,7 +178,9 @@ class GPT2RolloutEngine:
         self._loaded: set[str] = set()
 
     @classmethod
-    def from_hf_config(cls, hf_config: object, device: str | torch.device = "cpu") -> GPT2RolloutEngine:
+    def from_hf_config(
+        cls, hf_config: object, device: str | torch.device = "cpu", lanes: int = 1
+    ) -> GPT2RolloutEngine:
         """An engine shaped like an HF GPT2Config (weights still to be loaded)."""
         c = hf_config
         return cls(
@@ -184,6 +192,7 @@ class GPT2RolloutEngine:
             layer_norm_eps=c.layer_norm_epsilon,  # type: ignore[attr-defined]
             activation=c.activation_function,  # type: ignore[attr-defined]
             device=device,
+            lanes=lanes,
         )
 
     # -- the InferenceEngine protocol ----------------------------------------------------------
@@ -304,11 +313,13 @@ class GPT2RolloutEngine:
         return logits[rows], [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in cache]
 
     @staticmethod
-    def _sample(
-        logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
-    ) -> torch.Tensor:
-        """Next token per row from logits [B, V] -> [B]."""
-        if params.temperature == 0:
+    def _sample(logits: torch.Tensor, params: SamplingParams, noise: torch.Tensor | None) -> torch.Tensor:
+        """Next token per row from logits [B, V] -> [B]; `noise` [B, V] is Gumbel noise (None: greedy).
+
+        The Gumbel-max trick: argmax(logits / T + g) with g = -log(E), E ~ Exp(1), is a sample of
+        softmax(logits / T), as `torch.multinomial` draws one, from noise drawn before decoding.
+        """
+        if params.temperature == 0 or noise is None:
             return logits.argmax(-1)
         logits = logits / params.temperature
         if params.top_k > 0:
@@ -320,11 +331,25 @@ class GPT2RolloutEngine:
             drop = probs.cumsum(-1) - probs > params.top_p  # keep the smallest prefix reaching top_p
             sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
             logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-        probs = logits.softmax(-1)
-        if generator is not None and generator.device != probs.device:
-            # the sampling stream lives on the CPU (checkpointed, the same whatever the device): draw there
-            return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(probs.device)
-        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        return (logits.float() + noise).argmax(-1)
+
+    def _gumbel_noise(
+        self, rows: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> torch.Tensor | None:
+        """Gumbel noise [max_new_tokens, B, V] for a whole batch, drawn in one call (None when greedy).
+
+        Drawn on the generator's device (the checkpointed CPU stream) before decoding, so a row's
+        samples depend on its place in the batch only, not on how the rows are split over lanes.
+        Time-major, it is the stream `torch.multinomial` drew step by step (it samples as
+        argmax(p / E), E ~ Exp(1) [B, V]), so the samples are the ones it gave, except after a batch
+        whose rows all stopped before the budget (it drew no noise for the steps left).
+        """
+        if params.temperature == 0:
+            return None
+        shape = (params.max_new_tokens, rows, self.vocab)
+        device = generator.device if generator is not None else torch.device("cpu")
+        exponential = torch.empty(shape, device=device).exponential_(generator=generator)
+        return exponential.clamp_min_(torch.finfo(exponential.dtype).tiny).log_().neg_().to(self.device)
 
     def generate(
         self,
@@ -350,17 +375,40 @@ class GPT2RolloutEngine:
         top-k and top-p: the distribution the trainer's log-probs are of), float32 [len] per response.
 
         Prompts are left-padded so that every row decodes in lock-step; position ids skip padding.
+        With `lanes` > 1, contiguous parts of the rows decode on that many threads, each reading its
+        rows' share of the noise drawn once for the batch.
         """
         if len(self._loaded) != len(self.meta):
             missing = sorted(set(self.meta) - self._loaded)[:3]
             raise RuntimeError(f"rollout engine has no weights for {missing}...; call load_weights first")
-        b = len(prompts)
         prompt_len = max(len(p) for p in prompts)
-        total = prompt_len + params.max_new_tokens
-        if total > self.positions:  # learned positions cannot extrapolate
+        if prompt_len + params.max_new_tokens > self.positions:  # learned positions cannot extrapolate
             budget = f"prompt ({prompt_len}) + max_new_tokens ({params.max_new_tokens})"
             raise ValueError(f"{budget} exceeds the model's {self.positions} positions")
-        dev = self.device
+        noise = self._gumbel_noise(len(prompts), params, generator)
+        lanes = max(1, min(self.lanes, len(prompts)))
+        bounds = [len(prompts) * lane // lanes for lane in range(lanes + 1)]
+
+        def decode(part: tuple[int, int]) -> tuple[list[list[int]], list[torch.Tensor]]:
+            rows = slice(*part)
+            return self._decode(
+                prompts[rows], None if noise is None else noise[:, rows], params, pad_token_id
+            )
+
+        decoded = run_lanes(decode, list(itertools.pairwise(bounds)))
+        return [r for rows, _ in decoded for r in rows], [lp for _, logps in decoded for lp in logps]
+
+    def _decode(
+        self,
+        prompts: Sequence[Sequence[int] | torch.Tensor],
+        noise: torch.Tensor | None,
+        params: SamplingParams,
+        pad_token_id: int,
+    ) -> tuple[list[list[int]], list[torch.Tensor]]:
+        """Decode one part of a batch; `noise` [max_new_tokens, B, V] (None: greedy)."""
+        b, dev = len(prompts), self.device
+        prompt_len = max(len(p) for p in prompts)
+        total = prompt_len + params.max_new_tokens
         lengths_in = [len(p) for p in prompts]
         flat = _flat_ids(prompts)
         ids, key_mask = _left_padded(flat, lengths_in, prompt_len, total, pad_token_id, dev)
@@ -373,7 +421,7 @@ class GPT2RolloutEngine:
         out_logp = torch.zeros(b, params.max_new_tokens, dtype=torch.float32, device=dev)
         lengths = torch.zeros(b, dtype=torch.long, device=dev)
         for t in range(params.max_new_tokens):
-            token = self._sample(logits, params, generator)  # [B]
+            token = self._sample(logits, params, None if noise is None else noise[t])  # [B]
             token = torch.where(done, torch.full_like(token, pad_token_id), token)
             out[:, t] = token
             out_logp[:, t] = logits.float().log_softmax(-1).gather(1, token[:, None]).squeeze(1)
