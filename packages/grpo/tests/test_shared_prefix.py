@@ -8,7 +8,7 @@ import torch
 from entrepot.grpo import load_config
 from entrepot.grpo.model import build_model
 from entrepot.grpo.sequences import ResponseBatch, response_logprobs
-from entrepot.grpo.shared_prefix import shared_prefix_layout
+from entrepot.grpo.shared_prefix import cached_shared_prefix_layout, shared_prefix_layout
 
 VOCAB = 16
 
@@ -79,3 +79,13 @@ def test_shared_prompts_give_the_per_row_log_probs_and_gradients(architecture: s
     assert shared_grads.keys() == padded_grads.keys()
     for name, grad in shared_grads.items():
         torch.testing.assert_close(grad, padded_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_a_batch_of_the_same_rows_reuses_its_layout() -> None:
+    batch, other = _batch(), _batch()  # equal contents, other tensors (the update re-selects the rows)
+    first = cached_shared_prefix_layout(batch.tokens, batch.prompt_lengths, batch.response_lengths)
+    again = cached_shared_prefix_layout(other.tokens, other.prompt_lengths, other.response_lengths)
+    assert first is not None and again is first
+    changed = other.tokens.clone()
+    changed[0] += 1  # another prompt
+    assert cached_shared_prefix_layout(changed, other.prompt_lengths, other.response_lengths) is not first

@@ -808,9 +808,9 @@ class ThreadsConfig:
     lanes: int | None = field(
         default=None,
         metadata=_doc(
-            "Threads that split each log-prob and update micro-batch of the torch engine on CPU (each "
-            "runs torch_threads); null = the CPU cores this process may use, at most 2, in a one-process "
-            "run, else 1 (Ray workers share the cores)."
+            "Threads that split each log-prob and update micro-batch of the torch engine on CPU, and "
+            "the GPT-2 rollout engine's decoding (each runs torch_threads); null = the CPU cores this "
+            "process may use, at most 2, in a one-process run, else 1 (Ray workers share the cores)."
         ),
     )
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from entrepot.grpo.shared_prefix import shared_prefix_attention, shared_prefix_layout
+from entrepot.grpo.shared_prefix import cached_shared_prefix_layout, shared_prefix_attention
 
 __all__ = ["PACKED_ATTENTION", "ResponseBatch", "packed_attention", "response_logprobs", "segment_index"]
 
@@ -193,7 +193,7 @@ def _packed_logits(model: torch.nn.Module, batch: ResponseBatch, keep: torch.Ten
     Rows that share a prompt (a GRPO group) run it once (`entrepot.grpo.shared_prefix`).
     """
     device = _device_of(model)
-    layout = shared_prefix_layout(batch.tokens, batch.prompt_lengths, batch.response_lengths)
+    layout = cached_shared_prefix_layout(batch.tokens, batch.prompt_lengths, batch.response_lengths)
     if layout is not None:
         with packed_attention(model):
             output = model(

@@ -11,12 +11,23 @@ the per-row copies' gradients would add up: the same loss, the same update, fewe
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["SharedPrefixLayout", "shared_prefix_attention", "shared_prefix_layout"]
+__all__ = [
+    "SharedPrefixLayout",
+    "cached_shared_prefix_layout",
+    "shared_prefix_attention",
+    "shared_prefix_layout",
+]
+
+_RECENT_LAYOUTS = 4  # a step's reference and update passes, over two lanes
+_recent: OrderedDict[tuple[bytes, ...], SharedPrefixLayout | None] = OrderedDict()
+_recent_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -84,6 +95,24 @@ def shared_prefix_layout(
     segment = torch.where(position < prompts[row_of], 0, 1 + place[row_of])  # [M]
     group_lengths = torch.bincount(group, weights=run_lengths.double(), minlength=num_groups).long()  # [G]
     return _layout(order, position, keep, segment, group_lengths)
+
+
+def cached_shared_prefix_layout(
+    tokens: torch.Tensor, prompt_lengths: torch.Tensor, response_lengths: torch.Tensor
+) -> SharedPrefixLayout | None:
+    """`shared_prefix_layout`, remembered for the last few batches (keyed by their contents): a step's
+    reference pass and update lay out the same rows."""
+    key = tuple(t.detach().cpu().numpy().tobytes() for t in (tokens, prompt_lengths, response_lengths))
+    with _recent_lock:
+        if key in _recent:
+            _recent.move_to_end(key)
+            return _recent[key]
+    layout = shared_prefix_layout(tokens, prompt_lengths, response_lengths)
+    with _recent_lock:
+        _recent[key] = layout
+        while len(_recent) > _RECENT_LAYOUTS:
+            _recent.popitem(last=False)
+    return layout
 
 
 def _starts(lengths: torch.Tensor) -> torch.Tensor:

@@ -164,15 +164,19 @@ class ActorWorker:
         self._tracked_params: list[torch.Tensor] | None = None
         self.memory = PhaseMemory(config.engine.device, self._device_bytes)
 
+    def _parameters(self) -> list[torch.Tensor]:
+        """The training parameters, listed once: they keep their identity for the run (offloading
+        empties their storages in place)."""
+        if self._tracked_params is None:
+            self._tracked_params = list(self.trainer.named_parameters().values())
+        return self._tracked_params
+
     def _device_bytes(self) -> int:
         """Bytes of model state on the device now: training state, rollout weights, reference, rewards.
 
-        Parameters keep their identity for the run (offloading empties their storages in place), so
-        their list is made once; gradients and optimizer state come and go, and are listed each call.
+        Gradients and optimizer state come and go, and are listed on each call.
         """
-        if self._tracked_params is None:
-            self._tracked_params = list(self.trainer.named_parameters().values())
-        params = self._tracked_params
+        params = self._parameters()
         grads = [g for p in params for g in (getattr(p, "grad", None), getattr(p, "main_grad", None))
                  if isinstance(g, torch.Tensor)]  # fmt: skip
         optim = [v for state in self.trainer.torch_optimizer.state.values() for v in state.values()
@@ -212,7 +216,7 @@ class ActorWorker:
         t0 = time.perf_counter()
         sample(policy.manager.enter_infer_mode())
         t1 = time.perf_counter()
-        train_bytes = device_bytes(policy.trainer.named_parameters().values())  # held while generating
+        train_bytes = device_bytes(self._parameters())  # held while generating
         base = (
             int(torch.randint(2**62, (1,), generator=policy.generator)) if self.rank.world_size > 1 else None
         )
