@@ -108,7 +108,7 @@ def test_gumbel_sampling_draws_the_softmax_distribution() -> None:
     logits = torch.tensor([2.0, 1.0, 0.0, -1.0] + [-30.0] * (engine.vocab - 4))
     params = SamplingParams(temperature=0.7, max_new_tokens=1)
     rows = 40_000
-    noise = engine._gumbel_noise(rows, params, torch.Generator().manual_seed(0))
+    noise = engine._gumbel_noise(rows, 1, params, torch.Generator().manual_seed(0))
     assert noise is not None
     tokens = engine._sample(logits.expand(rows, -1), params, noise[0])
     observed = torch.bincount(tokens, minlength=engine.vocab).double() / rows
@@ -139,7 +139,7 @@ def test_the_noise_gives_the_samples_torch_multinomial_drew() -> None:
     _, engine = _model_and_engine()
     params = SamplingParams(max_new_tokens=3)
     logits = torch.randn(3, 16, engine.vocab, generator=torch.Generator().manual_seed(1))
-    noise = engine._gumbel_noise(16, params, torch.Generator().manual_seed(7))
+    noise = engine._gumbel_noise(16, 3, params, torch.Generator().manual_seed(7))
     assert noise is not None
     ours = torch.stack([engine._sample(logits[t], params, noise[t]) for t in range(3)])
     gen = torch.Generator().manual_seed(7)
@@ -147,3 +147,18 @@ def test_the_noise_gives_the_samples_torch_multinomial_drew() -> None:
         [torch.multinomial(logits[t].softmax(-1), 1, generator=gen).squeeze(-1) for t in range(3)]
     )
     assert torch.equal(ours, theirs)
+
+
+def test_noise_past_its_budget_is_drawn_step_by_step_with_the_same_samples(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from entrepot.grpo import rollout
+
+    model, one_lane = _model_and_engine()
+    two_lanes = GPT2RolloutEngine.from_hf_config(model.config, lanes=2)
+    two_lanes.load_weights(gpt2_hf_to_infer(dict(model.state_dict())))
+    prompts = [[2, 3, 4], [5, 6], [7, 8, 9, 10], [5, 6]]
+    params = SamplingParams(max_new_tokens=5)
+    expected = one_lane.generate(prompts, params, generator=torch.Generator().manual_seed(4))
+    monkeypatch.setattr(rollout, "_NOISE_BYTES", 0)  # as a 50k vocabulary and long budget would be
+    assert two_lanes.generate(prompts, params, generator=torch.Generator().manual_seed(4)) == expected

@@ -17,7 +17,7 @@ Shape legend: B = sequences, S = cached positions, H = hidden, N = heads, D = he
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -138,6 +138,11 @@ def _left_padded(
     ids = torch.full((len(lengths), width), pad_token_id, dtype=torch.long)
     ids[key_mask[:, :width]] = flat  # row-major: each row's tokens in order, after its padding
     return ids.to(device), key_mask.to(device)
+
+
+# Most bytes of sampling noise drawn before decoding, so that lanes can split a batch (the default
+# model's batch needs 0.13 MB; a 50k vocabulary at 256 rows x 512 tokens would need 26 GB).
+_NOISE_BYTES = 64 * 2**20
 
 
 class GPT2RolloutEngine:
@@ -334,21 +339,17 @@ class GPT2RolloutEngine:
         return (logits.float() + noise).argmax(-1)
 
     def _gumbel_noise(
-        self, rows: int, params: SamplingParams, generator: torch.Generator | None
+        self, rows: int, steps: int, params: SamplingParams, generator: torch.Generator | None
     ) -> torch.Tensor | None:
-        """Gumbel noise [max_new_tokens, B, V] for a whole batch, drawn in one call (None when greedy).
+        """Gumbel noise [steps, B, V] drawn in one call on the generator's device (None when greedy).
 
-        Drawn on the generator's device (the checkpointed CPU stream) before decoding, so a row's
-        samples depend on its place in the batch only, not on how the rows are split over lanes.
-        Time-major, it is the stream `torch.multinomial` drew step by step (it samples as
-        argmax(p / E), E ~ Exp(1) [B, V]), so the samples are the ones it gave, except after a batch
-        whose rows all stopped before the budget (it drew no noise for the steps left).
+        `torch.multinomial` samples as argmax(p / E), E ~ Exp(1) [B, V], one block per step: drawn
+        time-major, these are its draws, so a seed gives the samples it gave.
         """
         if params.temperature == 0:
             return None
-        shape = (params.max_new_tokens, rows, self.vocab)
         device = generator.device if generator is not None else torch.device("cpu")
-        exponential = torch.empty(shape, device=device).exponential_(generator=generator)
+        exponential = torch.empty(steps, rows, self.vocab, device=device).exponential_(generator=generator)
         return exponential.clamp_min_(torch.finfo(exponential.dtype).tiny).log_().neg_().to(self.device)
 
     def generate(
@@ -376,7 +377,10 @@ class GPT2RolloutEngine:
 
         Prompts are left-padded so that every row decodes in lock-step; position ids skip padding.
         With `lanes` > 1, contiguous parts of the rows decode on that many threads, each reading its
-        rows' share of the noise drawn once for the batch.
+        rows' share of sampling noise drawn for the whole batch before decoding, so the samples do
+        not depend on the split; where that noise would pass `_NOISE_BYTES` (a real vocabulary and
+        budget), one thread decodes and draws each step's noise as it goes, which gives the same
+        samples.
         """
         if len(self._loaded) != len(self.meta):
             missing = sorted(set(self.meta) - self._loaded)[:3]
@@ -385,14 +389,21 @@ class GPT2RolloutEngine:
         if prompt_len + params.max_new_tokens > self.positions:  # learned positions cannot extrapolate
             budget = f"prompt ({prompt_len}) + max_new_tokens ({params.max_new_tokens})"
             raise ValueError(f"{budget} exceeds the model's {self.positions} positions")
-        noise = self._gumbel_noise(len(prompts), params, generator)
-        lanes = max(1, min(self.lanes, len(prompts)))
-        bounds = [len(prompts) * lane // lanes for lane in range(lanes + 1)]
+        b, steps = len(prompts), params.max_new_tokens
+        lanes = max(1, min(self.lanes, b))
+        if lanes == 1 or steps * b * self.vocab * 4 > _NOISE_BYTES:
+            return self._decode(prompts, lambda t: self._gumbel_noise(b, 1, params, generator), params,
+                                pad_token_id)  # fmt: skip
+        noise = self._gumbel_noise(b, steps, params, generator)
+        bounds = [b * lane // lanes for lane in range(lanes + 1)]
 
         def decode(part: tuple[int, int]) -> tuple[list[list[int]], list[torch.Tensor]]:
             rows = slice(*part)
             return self._decode(
-                prompts[rows], None if noise is None else noise[:, rows], params, pad_token_id
+                prompts[rows],
+                lambda t: None if noise is None else noise[t : t + 1, rows],
+                params,
+                pad_token_id,
             )
 
         decoded = run_lanes(decode, list(itertools.pairwise(bounds)))
@@ -401,11 +412,11 @@ class GPT2RolloutEngine:
     def _decode(
         self,
         prompts: Sequence[Sequence[int] | torch.Tensor],
-        noise: torch.Tensor | None,
+        noise: Callable[[int], torch.Tensor | None],
         params: SamplingParams,
         pad_token_id: int,
     ) -> tuple[list[list[int]], list[torch.Tensor]]:
-        """Decode one part of a batch; `noise` [max_new_tokens, B, V] (None: greedy)."""
+        """Decode the rows of `prompts`; `noise(t)` is step t's Gumbel noise [1, B, V] (None: greedy)."""
         b, dev = len(prompts), self.device
         prompt_len = max(len(p) for p in prompts)
         total = prompt_len + params.max_new_tokens
@@ -421,7 +432,8 @@ class GPT2RolloutEngine:
         out_logp = torch.zeros(b, params.max_new_tokens, dtype=torch.float32, device=dev)
         lengths = torch.zeros(b, dtype=torch.long, device=dev)
         for t in range(params.max_new_tokens):
-            token = self._sample(logits, params, None if noise is None else noise[t])  # [B]
+            step_noise = noise(t)
+            token = self._sample(logits, params, None if step_noise is None else step_noise[0])  # [B]
             token = torch.where(done, torch.full_like(token, pad_token_id), token)
             out[:, t] = token
             out_logp[:, t] = logits.float().log_softmax(-1).gather(1, token[:, None]).squeeze(1)
