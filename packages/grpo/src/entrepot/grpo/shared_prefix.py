@@ -100,8 +100,10 @@ def shared_prefix_layout(
 def cached_shared_prefix_layout(
     tokens: torch.Tensor, prompt_lengths: torch.Tensor, response_lengths: torch.Tensor
 ) -> SharedPrefixLayout | None:
-    """`shared_prefix_layout`, remembered for the last few batches (keyed by their contents): a step's
-    reference pass and update lay out the same rows."""
+    """`shared_prefix_layout`, remembered for the last few batches (keyed by their contents).
+
+    A step's reference pass and update lay out the same rows.
+    """
     key = tuple(t.detach().cpu().numpy().tobytes() for t in (tokens, prompt_lengths, response_lengths))
     with _recent_lock:
         if key in _recent:

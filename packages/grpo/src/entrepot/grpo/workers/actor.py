@@ -165,8 +165,7 @@ class ActorWorker:
         self.memory = PhaseMemory(config.engine.device, self._device_bytes)
 
     def _parameters(self) -> list[torch.Tensor]:
-        """The training parameters, listed once: they keep their identity for the run (offloading
-        empties their storages in place)."""
+        """The training parameters, listed once (they keep their identity; offloading empties them)."""
         if self._tracked_params is None:
             self._tracked_params = list(self.trainer.named_parameters().values())
         return self._tracked_params
