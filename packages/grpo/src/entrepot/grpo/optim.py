@@ -36,8 +36,7 @@ def build_optimizer(
 def _fusable(params: Sequence[torch.Tensor]) -> bool | None:
     """True where AdamW's fused kernel takes `params` (CPU / CUDA floats), else None (torch's default).
 
-    One kernel per tensor instead of about a dozen ops: 0.26 against 1.4 ms a step for the default
-    model on this CPU.
+    One kernel per tensor instead of about a dozen small ops each.
     """
     fits = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
     return True if params and fits else None

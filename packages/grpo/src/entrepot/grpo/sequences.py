@@ -23,16 +23,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from entrepot.grpo.shared_prefix import cached_shared_prefix_layout, shared_prefix_attention
+from entrepot.grpo.shared_prefix import cached_shared_prefix_layout, segment_starts, shared_prefix_attention
 
 __all__ = ["PACKED_ATTENTION", "ResponseBatch", "packed_attention", "response_logprobs", "segment_index"]
 
 PACKED_ATTENTION = "entrepot_packed"
-
-
-def _starts(lengths: torch.Tensor) -> torch.Tensor:
-    """Exclusive prefix sum: where each segment starts in the flat tensor. [B] -> [B]."""
-    return torch.cumsum(lengths, 0) - lengths
 
 
 def segment_index(lengths: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -46,7 +41,7 @@ def segment_index(lengths: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         int64 [sum(lengths[rows])].
     """
     picked = lengths[rows]  # [K]
-    shift = _starts(lengths)[rows] - _starts(picked)  # [K] source start - destination start
+    shift = segment_starts(lengths)[rows] - segment_starts(picked)  # [K] source start - destination start
     return torch.arange(int(picked.sum()), device=lengths.device) + torch.repeat_interleave(shift, picked)
 
 
@@ -76,12 +71,12 @@ class ResponseBatch:
         prompt_lengths = prompt_lengths.to(torch.int64)
         response_lengths = response_lengths.to(torch.int64)
         lengths = prompt_lengths + response_lengths  # [B]
-        starts = _starts(lengths)  # [B]
+        starts = segment_starts(lengths)  # [B]
         tokens = torch.empty(int(lengths.sum()), dtype=torch.int64)  # [N]
-        prompt_at = torch.repeat_interleave(starts - _starts(prompt_lengths), prompt_lengths)
+        prompt_at = torch.repeat_interleave(starts - segment_starts(prompt_lengths), prompt_lengths)
         tokens[torch.arange(prompts.numel()) + prompt_at] = prompts.to(torch.int64)
         response_at = torch.repeat_interleave(
-            starts + prompt_lengths - _starts(response_lengths), response_lengths
+            starts + prompt_lengths - segment_starts(response_lengths), response_lengths
         )
         tokens[torch.arange(responses.numel()) + response_at] = responses.to(torch.int64)
         return cls(tokens, prompt_lengths, response_lengths)
@@ -117,8 +112,10 @@ class ResponseBatch:
 
     def predicting_positions(self) -> torch.Tensor:
         """int64 [R] flat positions t whose next token t + 1 is a response token (the ones we score)."""
-        first = _starts(self.lengths) + self.prompt_lengths - 1  # [B] predicts the first response token
-        shift = first - _starts(self.response_lengths)
+        first = (
+            segment_starts(self.lengths) + self.prompt_lengths - 1
+        )  # [B] predicts the first response token
+        shift = first - segment_starts(self.response_lengths)
         return torch.arange(self.num_response_tokens) + torch.repeat_interleave(shift, self.response_lengths)
 
     def padded(self, pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -206,7 +203,7 @@ def _packed_logits(model: torch.nn.Module, batch: ResponseBatch, keep: torch.Ten
         shared: torch.Tensor = output.logits[0]  # [R, V]
         return shared
     lengths = batch.lengths  # [B]
-    starts = _starts(lengths)
+    starts = segment_starts(lengths)
     position_ids = torch.arange(batch.tokens.numel()) - torch.repeat_interleave(starts, lengths)  # [N]
     cu = F.pad(torch.cumsum(lengths, 0), (1, 0)).to(device=device, dtype=torch.int32)  # [B + 1]
     max_length = int(lengths.max())
@@ -236,7 +233,7 @@ def _padded_logits(
         input_ids=input_ids.to(device), attention_mask=mask.to(device), position_ids=position_ids.to(device)
     ).logits  # [B, L, V]
     row = torch.repeat_interleave(torch.arange(batch.num_rows), batch.response_lengths)  # [R]
-    column = keep - _starts(batch.lengths)[row]  # [R] position inside the row
+    column = keep - segment_starts(batch.lengths)[row]  # [R] position inside the row
     return logits[row.to(device), column.to(device)]  # [R, V]
 
 

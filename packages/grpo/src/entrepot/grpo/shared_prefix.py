@@ -21,6 +21,7 @@ import torch.nn.functional as F
 __all__ = [
     "SharedPrefixLayout",
     "cached_shared_prefix_layout",
+    "segment_starts",
     "shared_prefix_attention",
     "shared_prefix_layout",
 ]
@@ -66,7 +67,7 @@ def shared_prefix_layout(
     prompts, responses = prompt_lengths.to(torch.int64), response_lengths.to(torch.int64)
     if prompts.numel() == 0 or int(prompts.min()) == 0:
         return None  # a row without a prompt token has nothing to predict its first response token from
-    starts = _starts(prompts + responses)  # [B] each row's first token in `tokens`
+    starts = segment_starts(prompts + responses)  # [B] each row's first token in `tokens`
     group = _groups(tokens.tolist(), starts.tolist(), prompts.tolist())  # [B]
     num_groups = int(group.max()) + 1
     if num_groups == prompts.numel():
@@ -77,7 +78,7 @@ def shared_prefix_layout(
     skipped = torch.where(first, 0, prompts)  # [B] leading tokens of the row left out
     run_lengths = prompts + responses - skipped  # [B]
     run_starts = torch.empty_like(run_lengths)  # [B] first shared-row position of each row's run
-    run_starts[rows] = _starts(run_lengths[rows])
+    run_starts[rows] = segment_starts(run_lengths[rows])
     order, offset = _runs(starts + skipped, run_lengths, rows)  # [M] tokens index, offset in run
     row_of = torch.repeat_interleave(rows, run_lengths[rows])  # [M]
     position = offset + skipped[row_of]  # [M]
@@ -86,10 +87,13 @@ def shared_prefix_layout(
     prompt_end[group[first]] = response_start[first] - 1
     # Response token j of row i is predicted at response_start + j - 1; j = 0 at its group's prompt end.
     keep = torch.repeat_interleave(response_start - 1, responses) + _offsets(responses)  # [R]
-    firsts = _starts(responses)[responses > 0]
+    firsts = segment_starts(responses)[responses > 0]
     keep[firsts] = prompt_end[group[responses > 0]]
     # Segment per token: 0 on its group's prompt, else 1 + the row's place in the group.
-    rank = torch.arange(prompts.numel()) - _starts(torch.bincount(group, minlength=num_groups))[group[rows]]
+    rank = (
+        torch.arange(prompts.numel())
+        - segment_starts(torch.bincount(group, minlength=num_groups))[group[rows]]
+    )
     place = torch.empty_like(rank)
     place[rows] = rank
     segment = torch.where(position < prompts[row_of], 0, 1 + place[row_of])  # [M]
@@ -117,15 +121,15 @@ def cached_shared_prefix_layout(
     return layout
 
 
-def _starts(lengths: torch.Tensor) -> torch.Tensor:
-    """Exclusive prefix sums [B] of lengths [B]."""
+def segment_starts(lengths: torch.Tensor) -> torch.Tensor:
+    """Exclusive prefix sum: where each segment starts in the flat tensor. [B] -> [B]."""
     return torch.cumsum(lengths, 0) - lengths
 
 
 def _offsets(lengths: torch.Tensor) -> torch.Tensor:
     """[sum(lengths)]: 0 .. length - 1 for each run, runs after each other."""
     total = int(lengths.sum())
-    return torch.arange(total) - torch.repeat_interleave(_starts(lengths), lengths, output_size=total)
+    return torch.arange(total) - torch.repeat_interleave(segment_starts(lengths), lengths, output_size=total)
 
 
 def _runs(
