@@ -24,7 +24,7 @@ Packed attention (forward + backward, float32, one thread) is timed against the 
 path, one ``scaled_dot_product_attention`` per sequence (kept as ``_sdpa_per_sequence``), and
 against padded attention: one SDPA call with ``is_causal`` over [B, H, L, D] padded to the longest.
 ``--only attention`` runs that section alone (about 15 s); ``--only heap`` runs DP balance against
-the heap partitioner alone (about 10 s).
+the heap partitioner alone (about 10 s), at the default tolerance and at ``tolerance=0``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import gc
 import heapq
+import inspect
 import itertools
 import math
 import random
@@ -272,6 +273,10 @@ def bench_micro_batches(summary: dict[str, list[float]]) -> None:
     )  # fmt: skip
 
 
+# balance_across_ranks stops once the heaviest rank is within this fraction of the lower bound.
+TOLERANCE: float = inspect.signature(balance_across_ranks).parameters["tolerance"].default
+
+
 def bench_dp_balance(summary: dict[str, list[float]]) -> None:
     rows = []
     for dist_name, make in DISTRIBUTIONS.items():
@@ -288,7 +293,9 @@ def bench_dp_balance(summary: dict[str, list[float]]) -> None:
                 speedup = kk_s / ours_s
                 if num >= 4096:
                     summary["speedup_dp"].append(speedup)
-                summary["dp_imbalance_vs_kk"].append(plan.imbalance - kk_imb)
+                bound = max(-(-sum(weights) // ranks), max(weights))
+                within_tolerance = max(plan.token_counts) <= bound + int(bound * TOLERANCE)
+                summary["dp_imbalance_vs_kk"].append(0.0 if within_tolerance else plan.imbalance - kk_imb)
                 rows.append(
                     [
                         dist_name,
@@ -334,6 +341,13 @@ def median_cpu_times(
     return statistics.median(times[0]), statistics.median(times[1])
 
 
+def timed_cpu(fn: Callable[[], object]) -> float:
+    """CPU time of one call."""
+    start = time.process_time()
+    fn()
+    return time.process_time() - start
+
+
 def bench_dp_vs_heap(summary: dict[str, list[float]]) -> None:
     rows = []
     for dist_name, make in DISTRIBUTIONS.items():
@@ -346,6 +360,11 @@ def bench_dp_vs_heap(summary: dict[str, list[float]]) -> None:
                     lambda: balance_across_ranks(lengths, ranks),  # noqa: B023
                     lambda: heap_lpt(lengths, ranks),  # noqa: B023
                     rounds=max(7, 40_000 // num),
+                )
+                exact = balance_across_ranks(lengths, ranks, tolerance=0)
+                exact_s = statistics.median(
+                    timed_cpu(lambda: balance_across_ranks(lengths, ranks, tolerance=0))  # noqa: B023
+                    for _ in range(max(7, 40_000 // num))
                 )
                 summary["heap_speedup"].append(heap_s / ours_s)
                 summary["heap_imbalance_gap"].append(plan.imbalance - heap_imb)
@@ -360,11 +379,25 @@ def bench_dp_vs_heap(summary: dict[str, list[float]]) -> None:
                         f"{plan.imbalance:.2e}",
                         f"{heap_imb:.2e}",
                         plan.method,
+                        ms(exact_s),
+                        f"{exact.imbalance:.2e}",
                     ]
                 )
     table(
         "DP balance: ours vs the heap partitioner (heapq LPT of MindSpeed-RL / verl), median CPU time",
-        ["dist", "N", "ranks", "ours ms", "heap ms", "heap/ours time", "ours imb", "heap imb", "ours method"],
+        [
+            "dist",
+            "N",
+            "ranks",
+            "ours ms",
+            "heap ms",
+            "heap/ours time",
+            "ours imb",
+            "heap imb",
+            "ours method",
+            "tolerance=0 ms",
+            "tolerance=0 imb",
+        ],
         rows,
     )
 
@@ -556,7 +589,11 @@ def planning_checks(summary: dict[str, list[float]]) -> list[tuple[str, bool, st
             worst_micro_imb <= 1e-12,
             f"worst ours-KK {worst_micro_imb:+.4f} over {len(summary['imbalance_vs_kk'])} rows",
         ),
-        ("imbalance <= classic KK (DP balance)", worst_dp_imb <= 1e-12, f"worst ours-KK {worst_dp_imb:+.2e}"),
+        (
+            f"imbalance <= classic KK, or within {TOLERANCE:g} of the bound (DP balance)",
+            worst_dp_imb <= 1e-12,
+            f"worst ours-KK outside the tolerance {worst_dp_imb:+.2e}",
+        ),
         (
             ">= 20x faster than classic KK, N >= 4096 (micro-batches, rows run)",
             min(summary["speedup_micro"]) >= 20,

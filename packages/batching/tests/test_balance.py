@@ -52,11 +52,11 @@ def test_rank_plan_properties(
         counts = [len(rank) // group_size for rank in plan.ranks]
         assert max(counts) - min(counts) <= 1
     weights = [sum(lengths[s : s + group_size]) for s in range(0, len(lengths), group_size)]
-    best = min(
-        max(_sums(karmarkar_karp(weights, num_ranks, equal_count), weights), default=0),
-        max(_sums(greedy_lpt(weights, num_ranks, equal_count), weights), default=0),
-    )
-    assert _bound(weights, num_ranks) <= max(plan.token_counts, default=0) <= best
+    lpt = max(_sums(greedy_lpt(weights, num_ranks, equal_count), weights), default=0)
+    kk = max(_sums(karmarkar_karp(weights, num_ranks, equal_count), weights), default=0)
+    bound, heaviest = _bound(weights, num_ranks), max(plan.token_counts, default=0)
+    assert bound <= heaviest <= lpt
+    assert heaviest <= kk or heaviest <= bound * (1 + 1e-4)  # the default tolerance
     assert plan.imbalance == pytest.approx(imbalance(plan.token_counts))
 
 
@@ -198,11 +198,28 @@ def test_balance_is_a_partition_no_heavier_than_the_heap_partitioner(
 @pytest.mark.parametrize("num", [1024, 4096])
 def test_long_tailed_batches_reach_the_bound(num: int, num_ranks: int) -> None:
     lengths = _long_tailed(random.Random(num + num_ranks), num)
-    plan = balance_across_ranks(lengths, num_ranks)
+    plan = balance_across_ranks(lengths, num_ranks, tolerance=0)
     heap_max = max(_sums(_reference_heap_lpt(lengths, num_ranks), lengths))
     assert max(plan.token_counts) == _bound(lengths, num_ranks) <= heap_max
     assert plan.method in ("greedy_lpt", "greedy_lpt_swaps")  # optimal: Karmarkar-Karp was not needed
     assert sorted(i for rank in plan.ranks for i in rank) == list(range(num))
+
+
+@pytest.mark.parametrize("tolerance", [1e-4, 3e-4])
+def test_the_search_stops_within_the_tolerance(tolerance: float) -> None:
+    lengths = _long_tailed(random.Random(7), 1024)
+    bound = _bound(lengths, 32)
+    heap_max = max(_sums(_reference_heap_lpt(lengths, 32), lengths))
+    assert heap_max > bound * (1 + tolerance)  # LPT alone is not close enough: exchanges must run
+    plan = balance_across_ranks(lengths, 32, tolerance=tolerance)
+    assert bound <= max(plan.token_counts) <= bound * (1 + tolerance)
+    assert plan.method == "greedy_lpt_swaps"
+
+
+@pytest.mark.parametrize("tolerance", [-0.1, 1.0, "0", True])
+def test_a_bad_tolerance_is_refused(tolerance: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="tolerance"):
+        balance_across_ranks([1, 2, 3], 2, tolerance=tolerance)  # type: ignore[arg-type]
 
 
 def test_lower_bound_is_the_mean_rounded_up_or_the_heaviest_group() -> None:

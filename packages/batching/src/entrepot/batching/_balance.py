@@ -2,10 +2,12 @@
 
 Sorted greedy (LPT, the heap partitioner of verl / MindSpeed-RL) runs first, then exchanges
 between ranks (``_refine``) lower its heaviest ranks towards the lower bound max(ceil(total / k),
-heaviest group), below which no plan can go. A plan at the bound is optimal and returned at once;
-otherwise Karmarkar-Karp runs too and the plan with the lighter heaviest rank wins (a tie keeps
-the LPT-based one). Cost: O(N log N); the exchanges cost at most N / 2 + 64 probes, usually a few
-per rank.
+heaviest group), below which no plan can go. A plan within ``tolerance`` of the bound (default
+0.01%) is returned at once; otherwise Karmarkar-Karp runs too and the plan with the lighter
+heaviest rank wins (a tie keeps the LPT-based one). The tolerance is there because the last few
+tokens cost the most: at 1,024 sequences over 32 ranks, LPT ends 16 tokens (0.05%) over the bound
+and closing that takes 33 exchanges, twice the LPT pass's time, for no measurable step time.
+Cost: O(N log N); the exchanges cost at most N / 2 + 64 probes, usually a few per rank.
 """
 
 from __future__ import annotations
@@ -58,7 +60,11 @@ def _check_int(name: str, value: object, minimum: int) -> None:
 
 
 def balance_across_ranks(
-    lengths: LengthsLike, num_ranks: int, group_size: int = 1, equal_count: bool = False
+    lengths: LengthsLike,
+    num_ranks: int,
+    group_size: int = 1,
+    equal_count: bool = False,
+    tolerance: float = 1e-4,
 ) -> RankPlan:
     """Assign N rows to ``num_ranks`` ranks so their token totals are as even as possible.
 
@@ -68,12 +74,18 @@ def balance_across_ranks(
         group_size: rows ``[g * group_size, (g + 1) * group_size)`` form one prompt group (the
             ``n_samples_per_prompt`` responses of a prompt) and always go to the same rank.
         equal_count: every rank gets the same number of groups (floor or ceil of groups / ranks).
+        tolerance: the search stops once the heaviest rank is within ``bound * (1 + tolerance)``
+            tokens, ``bound`` being the lower bound (rounded down to whole tokens); 0 searches on
+            to the bound.
 
     Returns:
-        A plan whose heaviest rank is no heavier than greedy LPT's or Karmarkar-Karp's.
+        A plan whose heaviest rank is no heavier than greedy LPT's, and either within the tolerance
+        of the bound or no heavier than Karmarkar-Karp's.
     """
     _check_int("num_ranks", num_ranks, 1)
     _check_int("group_size", group_size, 1)
+    if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not 0 <= tolerance < 1:
+        raise InvalidArgumentError(f"tolerance must be a number in [0, 1), got {tolerance!r}")
     sizes = as_length_list(lengths)
     if len(sizes) % group_size:
         raise InvalidArgumentError(
@@ -85,7 +97,7 @@ def balance_across_ranks(
     else:
         weights = [sum(sizes[start : start + group_size]) for start in range(0, len(sizes), group_size)]
     with gc_paused():
-        method, groups, token_counts = _balance_groups(weights, num_ranks, equal_count)
+        method, groups, token_counts = _balance_groups(weights, num_ranks, equal_count, tolerance)
     if group_size == 1:
         ranks = groups
     else:
@@ -115,15 +127,16 @@ def _lpt_positions(
 
 
 def _balance_groups(
-    weights: list[int], num_ranks: int, equal_count: bool
+    weights: list[int], num_ranks: int, equal_count: bool, tolerance: float
 ) -> tuple[Method, list[list[int]], list[int]]:
     """(method, group indices per rank, tokens per rank): LPT + swaps, Karmarkar-Karp if that falls short."""
     order, ordered, parts, loads = _lpt_positions(weights, num_ranks, equal_count)
-    target = lower_bound(sum(loads), ordered[-1] if ordered else 0, num_ranks)
+    bound = lower_bound(sum(loads), ordered[-1] if ordered else 0, num_ranks)
+    target = bound + int(bound * tolerance)
     method: Method = "greedy_lpt"
     if max(loads) > target and refine_to_target(ordered, parts, loads, target, not equal_count):
         method = "greedy_lpt_swaps"
-    if max(loads) > target:  # not provably optimal: Karmarkar-Karp may do better
+    if max(loads) > target:  # not within the tolerance of optimal: Karmarkar-Karp may do better
         kk_groups = _karmarkar_karp(weights, num_ranks, equal_count)
         kk_loads = part_sums(kk_groups, weights)
         if max(kk_loads) < max(loads):
