@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from entrepot.grpo import gpt2_forward
 from entrepot.grpo.shared_prefix import cached_shared_prefix_layout, segment_starts, shared_prefix_attention
 
 __all__ = ["PACKED_ATTENTION", "ResponseBatch", "packed_attention", "response_logprobs", "segment_index"]
@@ -187,10 +188,21 @@ def packed_attention(model: torch.nn.Module) -> Iterator[None]:
 def _packed_logits(model: torch.nn.Module, batch: ResponseBatch, keep: torch.Tensor) -> torch.Tensor:
     """Logits [R, V] at flat positions `keep` of the packed row (the LM head runs on those only).
 
-    Rows that share a prompt (a GRPO group) run it once (`entrepot.grpo.shared_prefix`).
+    Rows that share a prompt (a GRPO group) run it once (`entrepot.grpo.shared_prefix`). GPT-2
+    runs the written-out forward of `entrepot.grpo.gpt2_forward`, other models HF's.
     """
     device = _device_of(model)
     layout = cached_shared_prefix_layout(batch.tokens, batch.prompt_lengths, batch.response_lengths)
+    written_out = gpt2_forward.supports(model)
+    if layout is not None and written_out:
+        prefix = layout  # narrowed to not-None for the closure
+        return gpt2_forward.packed_logits(
+            model,
+            batch.tokens[layout.order].to(device),
+            layout.position_ids.to(device),
+            layout.keep.to(device),
+            lambda q, k, v: shared_prefix_attention(q, k, v, prefix, q.shape[-1] ** -0.5),
+        )
     if layout is not None:
         with packed_attention(model):
             output = model(
@@ -207,6 +219,18 @@ def _packed_logits(model: torch.nn.Module, batch: ResponseBatch, keep: torch.Ten
     position_ids = torch.arange(batch.tokens.numel()) - torch.repeat_interleave(starts, lengths)  # [N]
     cu = F.pad(torch.cumsum(lengths, 0), (1, 0)).to(device=device, dtype=torch.int32)  # [B + 1]
     max_length = int(lengths.max())
+    if written_out:
+        from entrepot.batching import packed_causal_attention
+
+        return gpt2_forward.packed_logits(
+            model,
+            batch.tokens.to(device),
+            position_ids.to(device),
+            keep.to(device),
+            lambda q, k, v: packed_causal_attention(
+                q, k, v, cu, max_length, softmax_scale=q.shape[-1] ** -0.5
+            ),
+        )
     with packed_attention(model):
         output = model(
             input_ids=batch.tokens[None].to(device),
