@@ -1,4 +1,4 @@
-"""The written-out GPT-2 forward of packed passes: HF's log-probs and gradients, HF's forward where it differs."""
+"""The written-out GPT-2 forward of packed passes: HF's log-probs and gradients, or HF's forward."""
 
 from __future__ import annotations
 

@@ -55,6 +55,7 @@ class CharTokenizer:
     def __init__(self, alphabet: str = "0123456789+=") -> None:
         self.tokens = [self.pad_token, self.eos_token, *alphabet]
         self._ids = {ch: i for i, ch in enumerate(self.tokens)}
+        self._visible = ["", "", *alphabet]  # what decode writes with skip_special_tokens
 
     @property
     def pad_token_id(self) -> int:
@@ -79,13 +80,8 @@ class CharTokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of `ids`; special tokens are dropped when `skip_special_tokens`."""
-        out = []
-        for i in ids:
-            token = self.tokens[int(i)]
-            if skip_special_tokens and token in (self.pad_token, self.eos_token):
-                continue
-            out.append(token)
-        return "".join(out)
+        table = self._visible if skip_special_tokens else self.tokens
+        return "".join([table[int(i)] for i in ids])
 
 
 class SyntheticTask:

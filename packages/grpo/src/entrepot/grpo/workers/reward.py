@@ -6,6 +6,7 @@ reward models' `model_scores` when `reward.models` is set) and `accuracy` (the a
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import torch
@@ -28,7 +29,17 @@ def text_tensor(text: str) -> torch.Tensor:
 
 
 def tensor_text(tensor: torch.Tensor) -> str:
-    return bytes(tensor.tolist()).decode("utf-8").rstrip("\x00")
+    return _text(bytes(tensor.tolist()))
+
+
+def _text(raw: bytes) -> str:
+    """An answer's text from its UTF-8 bytes (an empty answer travels as one zero byte)."""
+    return raw.decode("utf-8").rstrip("\x00")
+
+
+def _bounds(lengths: torch.Tensor) -> list[tuple[int, int]]:
+    """(start, end) of each row in a flat column with these [B] lengths."""
+    return list(itertools.pairwise(itertools.accumulate(lengths.tolist(), initial=0)))
 
 
 class RewardWorker:
@@ -67,11 +78,13 @@ class RewardWorker:
         with_models = bool(reward.models)  # the reward-model stage's column, ready before these rows are
         columns = ["responses", "response_length", "answer", *([MODEL_SCORES] if with_models else [])]
         for batch in self.reader.batches(dock, "rule_reward", columns, count, min_count=n):
-            responses = torch.split(batch.data["responses"], batch.lengths["responses"].tolist())
-            texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
-            answers = [
-                tensor_text(a) for a in torch.split(batch.data["answer"], batch.lengths["answer"].tolist())
+            ids = batch.data["responses"].tolist()
+            texts = [
+                self.tokenizer.decode(ids[start:end], skip_special_tokens=True)
+                for start, end in _bounds(batch.lengths["responses"])
             ]
+            raw = batch.data["answer"].to(torch.uint8).numpy().tobytes()
+            answers = [_text(raw[start:end]) for start, end in _bounds(batch.lengths["answer"])]
             scores = torch.tensor(rewards.score(texts, answers, reward.verifiers), dtype=torch.float32)
             if with_models:
                 scores += batch.data[MODEL_SCORES].float()
