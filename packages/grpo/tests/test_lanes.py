@@ -9,6 +9,7 @@ import pytest
 import torch
 from test_update import ADVANTAGES, _config, _model, _rows
 
+from entrepot.grpo import lanes as lanes_module
 from entrepot.grpo import load_config
 from entrepot.grpo.lanes import run_lanes, split_rows
 from entrepot.grpo.optim import build_optimizer
@@ -42,6 +43,28 @@ def test_run_lanes_uses_threads_keeps_grad_mode_and_order_and_raises() -> None:
 
     with pytest.raises(ValueError, match="lane 1 failed"):
         run_lanes(fails, [0, 1])
+
+
+def test_run_lanes_called_from_a_lane_runs_its_parts_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A lane whose fn splits its own work again (e.g. a rollout engine with lanes, driven from lanes)
+    # once waited forever: the pool's only thread was the one waiting.
+    monkeypatch.setattr(lanes_module, "_pool", None)  # a fresh pool of one thread for the two parts below
+    monkeypatch.setattr(lanes_module, "_pool_workers", 0)
+
+    def inner(part: int) -> tuple[int, str]:
+        return part, threading.current_thread().name
+
+    def outer(part: int) -> list[tuple[int, str]]:
+        return run_lanes(inner, [10 * part, 10 * part + 1])
+
+    results: list[list[tuple[int, str]]] = []
+    caller = threading.Thread(target=lambda: results.extend(run_lanes(outer, [0, 1])), daemon=True)
+    caller.start()
+    caller.join(timeout=60)
+    assert not caller.is_alive(), "run_lanes inside a lane deadlocked"
+    assert [[part for part, _ in lane] for lane in results] == [[0, 1], [10, 11]]
+    names = {name for _, name in results[1]}  # lane 1's own parts: all on its thread
+    assert len(names) == 1 and names.pop().startswith("entrepot-lane")
 
 
 def test_two_lanes_give_the_log_probs_and_update_of_one() -> None:

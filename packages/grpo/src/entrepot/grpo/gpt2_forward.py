@@ -7,7 +7,8 @@ this forward took 0.79x the time of HF's for the reference pass and 0.84x for fo
 on two lanes. Same modules, same maths (tested equal to the HF path in log-probs and gradients);
 models it does not cover exactly (`supports`) keep the HF forward.
 
-Legend: M tokens in the packed row, R kept positions, E hidden size, H heads, D = E / H, V vocab.
+Legend: M tokens in the packed row, R kept positions, E hidden size, H heads, D = E / H, I the MLP's
+inner size (n_inner, 4E by default), V vocab.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def packed_logits(
         q, k, v = qkv.view(-1, 3, heads, head_dim).unbind(1)  # each [M, H, D]
         mixed = attend(q, k, v).reshape(-1, heads * head_dim)  # [M, E]
         hidden = hidden + torch.addmm(attn.c_proj.bias, mixed, attn.c_proj.weight)
-        inner = torch.addmm(mlp.c_fc.bias, block.ln_2(hidden), mlp.c_fc.weight)  # [M, 4E]
+        inner = torch.addmm(mlp.c_fc.bias, block.ln_2(hidden), mlp.c_fc.weight)  # [M, I]
         inner = F.gelu(inner, approximate=approximate)
         hidden = hidden + torch.addmm(mlp.c_proj.bias, inner, mlp.c_proj.weight)
     logits: torch.Tensor = lm.lm_head(transformer.ln_f(hidden[keep]))  # [R, V]

@@ -25,6 +25,7 @@ R = TypeVar("R")
 _pool: ThreadPoolExecutor | None = None
 _pool_workers = 0
 _pool_lock = threading.Lock()
+_lane_thread = threading.local()  # `.active` is True on the pool's threads
 
 
 def split_rows(lengths: torch.Tensor, rows: torch.Tensor, lanes: int) -> list[torch.Tensor]:
@@ -45,6 +46,11 @@ def split_rows(lengths: torch.Tensor, rows: torch.Tensor, lanes: int) -> list[to
     return [rows[a:b] for a, b in itertools.pairwise(bounds) if b > a]
 
 
+def _start_lane_thread(threads: int) -> None:
+    torch.set_num_threads(threads)
+    _lane_thread.active = True
+
+
 def _executor(workers: int) -> ThreadPoolExecutor:
     """The process's lane threads (made once), each running torch ops with this process's thread count."""
     global _pool, _pool_workers
@@ -53,7 +59,7 @@ def _executor(workers: int) -> ThreadPoolExecutor:
             threads, _pool_workers = torch.get_num_threads(), workers
             _pool = ThreadPoolExecutor(
                 max_workers=workers, thread_name_prefix="entrepot-lane",
-                initializer=torch.set_num_threads, initargs=(threads,),
+                initializer=_start_lane_thread, initargs=(threads,),
             )  # fmt: skip
         return _pool
 
@@ -62,10 +68,12 @@ def run_lanes(fn: Callable[[T], R], parts: Sequence[T]) -> list[R]:
     """`fn(part)` for every part, part 0 on this thread and the rest on lane threads; results in order.
 
     The lanes inherit this thread's grad mode (it is thread-local in torch). The first error is raised
-    here, after every lane has finished.
+    here, after every lane has finished. Called from a lane (a lane's `fn` splitting its own work, e.g.
+    a rollout engine with lanes driven from one), the parts run in order on that lane: the pool's
+    threads may all be busy waiting for it.
     """
-    if len(parts) == 1:
-        return [fn(parts[0])]
+    if len(parts) == 1 or getattr(_lane_thread, "active", False):
+        return [fn(part) for part in parts]
     grad = torch.is_grad_enabled()
 
     def lane(part: T) -> R:
