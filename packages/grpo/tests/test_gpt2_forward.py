@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_shared_prefix import VOCAB, _batch
 
 from entrepot.grpo import load_config
 from entrepot.grpo.gpt2_forward import supports
 from entrepot.grpo.model import build_model
 from entrepot.grpo.sequences import ResponseBatch, response_logprobs
-
-VOCAB = 16
 
 
 def _gpt2(**config_overrides: object) -> torch.nn.Module:
@@ -20,15 +19,6 @@ def _gpt2(**config_overrides: object) -> torch.nn.Module:
     for key, value in config_overrides.items():
         setattr(model.config, key, value)
     return model
-
-
-def _batch(prompts: list[list[int]], response_lengths: list[int]) -> ResponseBatch:
-    gen = torch.Generator().manual_seed(0)
-    responses = torch.randint(2, VOCAB, (sum(response_lengths),), generator=gen)
-    return ResponseBatch.from_packed(
-        torch.tensor([t for p in prompts for t in p]), torch.tensor([len(p) for p in prompts]),
-        responses, torch.tensor(response_lengths),
-    )  # fmt: skip
 
 
 def _logprobs_and_grads(model: torch.nn.Module, batch: ResponseBatch, packed: bool) -> tuple:

@@ -18,12 +18,15 @@ PROMPTS = [[2, 3, 4], [5, 6], [2, 3, 4], [7, 8, 9, 10], [5, 6], [2, 3, 4]]
 RESPONSE_LENGTHS = [4, 3, 0, 5, 2, 6]
 
 
-def _batch() -> ResponseBatch:
+def _batch(
+    prompts: list[list[int]] = PROMPTS, response_lengths: list[int] = RESPONSE_LENGTHS
+) -> ResponseBatch:
+    """Rows of these prompts, each with random response tokens of its length (seeded)."""
     gen = torch.Generator().manual_seed(0)
-    responses = torch.randint(2, VOCAB, (sum(RESPONSE_LENGTHS),), generator=gen)
+    responses = torch.randint(2, VOCAB, (sum(response_lengths),), generator=gen)
     return ResponseBatch.from_packed(
-        torch.tensor([t for p in PROMPTS for t in p]), torch.tensor([len(p) for p in PROMPTS]),
-        responses, torch.tensor(RESPONSE_LENGTHS),
+        torch.tensor([t for p in prompts for t in p]), torch.tensor([len(p) for p in prompts]),
+        responses, torch.tensor(response_lengths),
     )  # fmt: skip
 
 

@@ -2,10 +2,10 @@
 
 The log-prob and update passes run small batches of short rows, split over threads
 (`entrepot.grpo.lanes`). There the HF module's per-call Python (kwargs, output classes, the
-attention-interface dispatch) holds the GIL while the other lane waits: at the default shape
-this forward took 0.79x the time of HF's for the reference pass and 0.84x for forward + backward
-on two lanes. Same modules, same maths (tested equal to the HF path in log-probs and gradients);
-models it does not cover exactly (`supports`) keep the HF forward.
+attention-interface dispatch) holds the GIL while the other lane waits (`benchmarks/bench_packing.py`
+prints this forward's actor step against HF's, on one and two lanes). Same modules, same maths
+(tested equal to the HF path in log-probs and gradients); models it does not cover exactly
+(`supports`) keep the HF forward.
 
 Legend: M tokens in the packed row, R kept positions, E hidden size, H heads, D = E / H, I the MLP's
 inner size (n_inner, 4E by default), V vocab.
