@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -52,6 +54,34 @@ def test_packed_layout_has_cu_seqlens(dock, make_rows):
     assert batch.data["tokens"].shape == (6,)
     assert batch.cu_seqlens("tokens").tolist() == [0, 1, 4, 6]
     assert batch.cu_seqlens("tokens").dtype == torch.int32
+
+
+def test_columns_are_the_tensors_data_holds_as_a_tensordict(dock, make_rows):
+    fill(dock, make_rows, [0, 1, 2], lengths=[1, 3, 2])
+    for layout, batch_size in (("padded", [3]), ("packed", [])):
+        batch = dock.get("ref" if layout == "padded" else "train", ["tokens", "score"], 3, layout=layout)
+        assert type(batch.data).__name__ == "TensorDict" and batch.data.batch_size == torch.Size(batch_size)
+        assert batch.data is batch.data  # built once
+        for name, column in batch.columns.items():
+            assert batch.data[name] is column
+
+
+def test_a_consumer_reading_columns_never_imports_tensordict():
+    """tensordict's import costs a process about a second; only `Batch.data` pays it."""
+    script = (
+        "import sys, torch\n"
+        "from entrepot.dock import ExperienceDock\n"
+        "dock = ExperienceDock(4, columns=['tokens'], consumers=['train'])\n"
+        "dock.put({'tokens': [torch.tensor([1, 2]), torch.tensor([3])]}, [0, 1])\n"
+        "batch = dock.get('train', ['tokens'], 2)\n"
+        "assert batch.columns['tokens'].tolist() == [[1, 2], [3, 0]]\n"
+        "before = 'tensordict' in sys.modules\n"
+        "batch.data\n"
+        "print(before, 'tensordict' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "True"]
 
 
 def test_rows_must_be_ready_in_all_requested_columns(dock, make_rows):

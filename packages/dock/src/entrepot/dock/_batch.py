@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from functools import cached_property
+from typing import TYPE_CHECKING, Literal
 
 import torch
-from tensordict import TensorDict
 
 from entrepot.dock._leases import Lease
 from entrepot.dock._rowcopy import RowSource, pad_rows
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
 
 Layout = Literal["padded", "packed"]
 LAYOUTS = ("padded", "packed")
@@ -25,9 +28,8 @@ class Batch:
 
     Attributes:
         indexes: int64 [B] the dock rows, in batch order; pass them back to `put` with the outputs.
-        data: `padded` layout: TensorDict with batch_size [B]; sequence columns [B, L_c], scalar
-            columns [B]. `packed` layout: TensorDict with batch_size []; sequence columns flat [T_c],
-            scalar columns [B].
+        columns: column -> tensor. `padded` layout: sequence columns [B, L_c], scalar columns [B].
+            `packed` layout: sequence columns flat [T_c], scalar columns [B].
         lengths: int64 [B] per sequence column (valid elements of each row).
         layout: "padded" or "packed".
         ages: int32 [B] how many clears each row survived unfinished (partial rollout), else zeros.
@@ -36,11 +38,22 @@ class Batch:
     """
 
     indexes: torch.Tensor
-    data: TensorDict
+    columns: dict[str, torch.Tensor]
     lengths: dict[str, torch.Tensor]
     layout: Layout
     ages: torch.Tensor
     lease: Lease | None = None
+
+    @cached_property
+    def data(self) -> TensorDict:
+        """`columns` as a TensorDict: batch_size [B] when padded, [] when packed (built on first access).
+
+        tensordict loads only here: importing it costs a process about a second (it imports
+        torch._dynamo), which a consumer that reads `columns` never pays.
+        """
+        from tensordict import TensorDict
+
+        return TensorDict(self.columns, batch_size=[len(self)] if self.layout == "padded" else [])
 
     def __len__(self) -> int:
         return int(self.indexes.numel())
@@ -64,7 +77,7 @@ class Batch:
             parts.append(
                 Batch(
                     indexes=self.indexes[rows],
-                    data=self.data[rows],
+                    columns={name: column[rows] for name, column in self.columns.items()},
                     lengths={name: lengths[rows] for name, lengths in self.lengths.items()},
                     layout="padded",
                     ages=self.ages[rows],
@@ -90,9 +103,11 @@ def build_batch(
     num_rows = int(indexes.numel())
     lengths = {name: lens for name, (_, lens) in raw.items() if lens is not None}
     if layout == "packed":
-        assert all(isinstance(rows, torch.Tensor) for rows, _ in raw.values())  # flat [T_c] / values [B]
-        data = TensorDict({name: rows for name, (rows, _) in raw.items()}, batch_size=[])
-        return Batch(indexes, data, lengths, layout, ages)
+        flat: dict[str, torch.Tensor] = {}
+        for name, (rows, _) in raw.items():
+            assert isinstance(rows, torch.Tensor)  # flat [T_c] / values [B]: the packed gather's output
+            flat[name] = rows
+        return Batch(indexes, flat, lengths, layout, ages)
     columns: dict[str, torch.Tensor] = {}
     for name, (rows, lens) in raw.items():
         if lens is None:
@@ -103,4 +118,4 @@ def build_batch(
         else:
             source = rows if isinstance(rows, RowSource) else RowSource.packed(rows, lens)
             columns[name] = pad_rows(source, pad_value, pad_multiple)
-    return Batch(indexes, TensorDict(columns, batch_size=[num_rows]), lengths, layout, ages)
+    return Batch(indexes, columns, lengths, layout, ages)

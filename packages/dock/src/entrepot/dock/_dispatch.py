@@ -58,7 +58,7 @@ def dispatch_get(
             raise ValueError(f"rank {src} is the dispatch source and needs a dock client")
         batch = client.get(consumer, columns, count, layout="packed", **get_kwargs)
         if batch is not None:
-            raw = {name: (batch.data[name], batch.lengths.get(name)) for name in columns}
+            raw = {name: (batch.columns[name], batch.lengths.get(name)) for name in columns}
             wire_layout, buffer = encode_raw(batch.indexes, raw, batch.ages)
             meta = [wire_layout]
             buffer = buffer.to(device)

@@ -734,7 +734,7 @@ class ShardedDockClient:
                 continue
             batch = store.peek([name], rows, layout="packed")
             scalar = name not in batch.lengths
-            column = ColumnData(batch.data[name], None if scalar else batch.lengths[name])
+            column = ColumnData(batch.columns[name], None if scalar else batch.lengths[name])
             parts = self._by_shard(rows)
             subset = len(parts) > 1
             refs = [self.shards[s].write.remote(*self._wire({name: column}, kinds, at, subset), rows[at])
