@@ -19,6 +19,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from entrepot.grpo.gpt2_model import hf_architecture
+
 __all__ = ["packed_logits", "supports"]
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # q, k, v [M, H, D] -> [M, H, D]
@@ -32,7 +34,7 @@ def supports(model: torch.nn.Module) -> bool:
     Dropout that would apply (a non-zero probability while training) and the config switches that
     change the attention's maths keep the HF forward.
     """
-    if type(model).__name__ != "GPT2LMHeadModel":
+    if hf_architecture(model) != "GPT2LMHeadModel":
         return False
     config: Any = model.config
     dropout = max(config.embd_pdrop, config.resid_pdrop, config.attn_pdrop)

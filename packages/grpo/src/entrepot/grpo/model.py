@@ -1,8 +1,10 @@
 """The training-side policy model: an HF-transformers causal LM, built from a config or loaded locally.
 
 The embedded default is a GPT-2-style decoder (learned absolute positions, LayerNorm, GELU MLP) of
-about 100k parameters built from `ModelConfig`; a tiny rotary-only Qwen2 config did not learn the
-reverse task in the prototype, learned positions did. `model.architecture=qwen2` builds a Qwen2
+about 100k parameters built from `ModelConfig`, held as `entrepot.grpo.gpt2_model.EmbeddedGPT2`
+(HF's config fields and parameters, without importing transformers, which costs seconds of
+start-up); a tiny rotary-only Qwen2 config did not learn the reverse task in the prototype, learned
+positions did. `model.architecture=qwen2` builds a Qwen2
 (the GPU example's 0.5B-class shape, or tiny ones in tests). Dropout is zero so that the PPO ratio
 of an unchanged policy is exactly 1.
 
@@ -28,12 +30,24 @@ __all__ = [
     "load_model_config",
     "load_pretrained",
     "load_tokenizer",
+    "model_config",
     "read_tokenizer",
 ]
 
 
 def build_hf_config(config: ModelConfig, vocab_size: int, *, pad_token_id: int, eos_token_id: int) -> Any:
-    """The HF config of the decoder `config` describes (tied input/output embeddings, no dropout)."""
+    """HF's config of the decoder `config` describes (`model_config`, as transformers' own class)."""
+    from entrepot.grpo.gpt2_model import as_hf_config
+
+    ours = model_config(config, vocab_size, pad_token_id=pad_token_id, eos_token_id=eos_token_id)
+    return as_hf_config(ours)
+
+
+def model_config(config: ModelConfig, vocab_size: int, *, pad_token_id: int, eos_token_id: int) -> Any:
+    """The config of the decoder `config` describes (tied input/output embeddings, no dropout).
+
+    GPT-2: an `EmbeddedGPT2Config` (GPT2Config's fields without importing transformers); Qwen2: HF's.
+    """
     if config.architecture == "qwen2":
         from transformers import Qwen2Config
 
@@ -53,18 +67,15 @@ def build_hf_config(config: ModelConfig, vocab_size: int, *, pad_token_id: int, 
             # learns), which megatron's embedding and GPT-2 do not have; generation is told the pad id
             tie_word_embeddings=True,
         )
-    from transformers import GPT2Config
+    from entrepot.grpo.gpt2_model import EmbeddedGPT2Config
 
-    return GPT2Config(
+    return EmbeddedGPT2Config(
         vocab_size=vocab_size,
         n_positions=config.max_positions,
         n_embd=config.hidden_size,
         n_layer=config.num_layers,
         n_head=config.num_heads,
         n_inner=config.intermediate_size,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
         initializer_range=config.init_std,
         # the exact (erf) GELU: on CPU torch's tanh GELU costs 4x its time, and GPT-2's "gelu_new" five
         # elementwise ops more; the tanh GELU forward and backward were 23% of a default step
@@ -72,17 +83,20 @@ def build_hf_config(config: ModelConfig, vocab_size: int, *, pad_token_id: int, 
         bos_token_id=eos_token_id,
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
-        tie_word_embeddings=True,
     )
 
 
 def build_model(
     config: ModelConfig, vocab_size: int, *, pad_token_id: int, eos_token_id: int
 ) -> torch.nn.Module:
-    """A randomly initialised causal LM (GPT-2 or Qwen2) from `config`."""
+    """A randomly initialised causal LM: an `EmbeddedGPT2` (HF's weights for the seed) or HF's Qwen2."""
+    hf_config = model_config(config, vocab_size, pad_token_id=pad_token_id, eos_token_id=eos_token_id)
+    if config.architecture == "gpt2":
+        from entrepot.grpo.gpt2_model import EmbeddedGPT2
+
+        return EmbeddedGPT2(hf_config)
     from transformers import AutoModelForCausalLM
 
-    hf_config = build_hf_config(config, vocab_size, pad_token_id=pad_token_id, eos_token_id=eos_token_id)
     # sdpa gains nothing at the default size; eager is deterministic
     return AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager")
 

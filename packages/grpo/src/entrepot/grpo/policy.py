@@ -16,6 +16,7 @@ import torch
 
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.data import TaskSetup, build_task
+from entrepot.grpo.gpt2_model import as_hf_config, hf_architecture
 from entrepot.grpo.model import build_model, load_pretrained
 from entrepot.grpo.optim import build_optimizer
 from entrepot.grpo.rollout import GPT2RolloutEngine, SamplingParams
@@ -147,7 +148,7 @@ def _torch_policy(
         reference = reference.to(config.engine.device).requires_grad_(False).eval()
     optimizer, scheduler = build_optimizer(model, config.algorithm, total_optimizer_steps(config))
     trainer = TorchTrainer(config, model, reference, optimizer, scheduler, pad_token_id)
-    adaptor = get_adaptor(type(model).__name__, model.config)
+    adaptor = get_adaptor(hf_architecture(model), model.config)
     engine, target = _rollout_engine(config, model, run_dir)
     manager = _manager(config, TorchTrainingEngine(model, adaptor), engine, LocalResharder(adaptor, target),
                        list(model.parameters()), optimizer)  # fmt: skip
@@ -200,7 +201,7 @@ def _rollout_engine(
             tensor_parallel=config.parallel.infer.tensor,
         )  # fmt: skip
         return engine, "infer"
-    if type(model).__name__ == "GPT2LMHeadModel":
+    if hf_architecture(model) == "GPT2LMHeadModel":
         lanes = config.compute_lanes()  # decoding threads, as the log-prob and update passes have
         return GPT2RolloutEngine.from_hf_config(
             model.config, device=config.engine.device, lanes=lanes
@@ -250,7 +251,7 @@ def export_hf(
         return out
     if weights is None:
         weights = engine.weights
-    model = AutoModelForCausalLM.from_config(policy.hf_config)
+    model = AutoModelForCausalLM.from_config(as_hf_config(policy.hf_config))
     host = {name: t.detach().cpu() for name, t in weights.items()}
     gpt2 = type(model).__name__ == "GPT2LMHeadModel"
     named = gpt2_infer_to_hf(host) if gpt2 else unfused_weights(host, policy.hf_config)

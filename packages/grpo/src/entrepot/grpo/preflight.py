@@ -140,13 +140,13 @@ def _check_reference(config: GRPOConfig, policy: Any) -> None:
     if path is None:
         return
     from entrepot.grpo.data import build_task
-    from entrepot.grpo.model import build_hf_config, load_model_config
+    from entrepot.grpo.model import load_model_config, model_config
 
     reference = load_model_config(path, key="model.ref_model_load_path")
     if policy is None:
         tok = build_task(config).tokenizer
-        policy = build_hf_config(config.model, tok.vocab_size, pad_token_id=tok.pad_token_id,
-                                 eos_token_id=tok.eos_token_id)  # fmt: skip
+        policy = model_config(config.model, tok.vocab_size, pad_token_id=tok.pad_token_id,
+                              eos_token_id=tok.eos_token_id)  # fmt: skip
     keys = ("vocab_size", *_SHAPE_KEYS) if config.engine.train == "megatron" else ("vocab_size",)
     for key in keys:
         ours, theirs = getattr(policy, key, None), getattr(reference, key, None)

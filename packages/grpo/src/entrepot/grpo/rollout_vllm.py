@@ -30,6 +30,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from entrepot.grpo.gpt2_model import hf_architecture
 from entrepot.grpo.memory import vllm_kv_cache_bytes
 from entrepot.grpo.rollout import SamplingParams
 from entrepot.resharding import ChecksumMismatchError
@@ -174,7 +175,7 @@ class VllmRolloutEngine(VllmInferenceEngine):
             logprobs_mode="raw_logprobs",
             **spread,
         )
-        engine = cls(llm, type(model).__name__, verify=verify)
+        engine = cls(llm, hf_architecture(model), verify=verify)
         engine._model_dir = scratch
         return engine
 

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from entrepot.grpo import gpt2_forward
+from entrepot.grpo.gpt2_model import EmbeddedGPT2
 from entrepot.grpo.shared_prefix import cached_shared_prefix_layout, segment_starts, shared_prefix_attention
 
 __all__ = ["PACKED_ATTENTION", "ResponseBatch", "packed_attention", "response_logprobs", "segment_index"]
@@ -170,7 +171,8 @@ def packed_attention(model: torch.nn.Module) -> Iterator[None]:
     """
     from transformers import AttentionInterface, AttentionMaskInterface
 
-    config: Any = model.config
+    hf_module = model.hf_view() if isinstance(model, EmbeddedGPT2) else model  # the module HF's forward runs
+    config: Any = hf_module.config
     previous = config._attn_implementation
     if previous == PACKED_ATTENTION:
         yield

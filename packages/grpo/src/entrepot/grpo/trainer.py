@@ -230,9 +230,9 @@ class Trainer:
             **dock_metrics,
         }
         if stats is not None:
-            metrics["train_accuracy"] = float(stats.data["accuracy"].mean())
-            metrics["response_length"] = float(stats.data["response_length"].float().mean())
-            metrics["response_length_max"] = float(stats.data["response_length"].max())
+            metrics["train_accuracy"] = float(stats.columns["accuracy"].mean())
+            metrics["response_length"] = float(stats.columns["response_length"].float().mean())
+            metrics["response_length_max"] = float(stats.columns["response_length"].max())
         metrics.update(merge_rank_metrics(stage_stats, update_stats))
         metrics["tokens_per_s"] = metrics.get("rollout_tokens", 0.0) / step_time
         if not self.history:  # this session's first step: its start-up, timed apart from the step
@@ -249,7 +249,7 @@ class Trainer:
         in_flight = self.dock.progress("actor_rollout")["live"] // self.config.rollout.n_samples_per_prompt
         out = {"partial/groups_in_flight": float(in_flight)}
         if stats is not None:
-            ages = self.step - stats.data["policy_version"].long()  # [T] every trained token
+            ages = self.step - stats.columns["policy_version"].long()  # [T] every trained token
             for age, tokens in enumerate(torch.bincount(ages).tolist()):
                 out[f"partial/tokens_age_{age}"] = float(tokens)
         return out
@@ -368,7 +368,7 @@ class Trainer:
     def _drop_uniform_groups(self, rows: torch.Tensor) -> torch.Tensor:
         """Clear the groups of `rows` whose rewards all agree from the dock; return the kept rows."""
         n = self.config.rollout.n_samples_per_prompt
-        scores = self.dock.peek(["rm_scores"], rows).data["rm_scores"]
+        scores = self.dock.peek(["rm_scores"], rows).columns["rm_scores"]
         keep = keep_varied_groups(scores, n)
         if not bool(keep.all()):
             self.dock.clear(rows[~keep])
@@ -390,11 +390,12 @@ class Trainer:
         batch = self.dock.get("compute_advantage", columns, rows.numel(), indexes=rows, layout="packed",
                               timeout=self.config.resources.stage_timeout_s)  # fmt: skip
         assert batch is not None  # explicit rows are never "all consumed"
-        scores = batch.data["rm_scores"].float()  # [B], group after group
+        scores = batch.columns["rm_scores"].float()  # [B], group after group
         rewards, metrics = scores, {}
         if kl_in_reward:
-            lengths = batch.data["response_length"]
-            kl = sequence_kl(batch.data["old_log_prob"], batch.data["ref_log_prob"], lengths, algo.kl_kind)
+            lengths = batch.columns["response_length"]
+            old, ref = batch.columns["old_log_prob"], batch.columns["ref_log_prob"]
+            kl = sequence_kl(old, ref, lengths, algo.kl_kind)
             rewards = scores - algo.kl_coef * kl
             metrics["reward/kl_penalty"] = float((algo.kl_coef * kl).mean())
         n = self.config.rollout.n_samples_per_prompt
@@ -439,7 +440,7 @@ class Trainer:
     def _lengths(self, rows: torch.Tensor) -> torch.Tensor:
         """Prompt + response tokens of each of `rows`."""
         batch = self.dock.peek(["prompt_length", "response_length"], rows)
-        return batch.data["prompt_length"] + batch.data["response_length"]
+        return batch.columns["prompt_length"] + batch.columns["response_length"]
 
     # -- checkpoints ----------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from entrepot.grpo import gpt2_forward
 from entrepot.grpo.config import AlgorithmConfig, BatchingConfig
 from entrepot.grpo.lanes import run_lanes, split_rows
 from entrepot.grpo.losses import loss_normalizer, policy_loss, token_weights
@@ -88,7 +89,10 @@ def micro_batches(
 
 
 def _attention(model: torch.nn.Module, packed: bool) -> contextlib.AbstractContextManager[None]:
-    return packed_attention(model) if packed else contextlib.nullcontext()
+    """HF's attention switched to the packed kernel around packed passes that run HF's forward."""
+    if packed and not gpt2_forward.supports(model):  # the written-out forward attends by itself
+        return packed_attention(model)
+    return contextlib.nullcontext()
 
 
 @torch.no_grad()

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.errors import GRPOConfigError
 from entrepot.grpo.frozen import FrozenOnDemand
+from entrepot.grpo.gpt2_model import hf_architecture
 from entrepot.grpo.losses import loss_normalizer
 from entrepot.grpo.megatron.vocab_parallel import vocab_parallel_logprobs
 from entrepot.grpo.ports import free_local_port
@@ -146,7 +147,7 @@ class MegatronTrainer:
             self.tconfig.variable_seq_lengths = False
         # Our loss is normalised over the global mini-batch: gradients are summed, never rescaled.
         self.tconfig.finalize_model_grads_func = functools.partial(_finalize_summing, finalize_model_grads)
-        self.adaptor = get_adaptor(type(hf_model).__name__, hf_config)
+        self.adaptor = get_adaptor(hf_architecture(hf_model), hf_config)
         full = self.adaptor.hf_to_train(_weights_of(hf_model))
         chunks = self._loaded_chunks(gpt_model_chunks(hf_config, self.tconfig), full)
         self.reference: list[torch.nn.Module] | None = None

@@ -57,8 +57,8 @@ class ModelRewards:
 
         `sample` is called while each model is on the device (per-phase memory).
         """
-        prompts = torch.split(batch.data["prompts"], batch.lengths["prompts"].tolist())
-        responses = torch.split(batch.data["responses"], batch.lengths["responses"].tolist())
+        prompts = torch.split(batch.columns["prompts"], batch.lengths["prompts"].tolist())
+        responses = torch.split(batch.columns["responses"], batch.lengths["responses"].tolist())
         # the prompt as the policy saw it (chat template included); the response without EOS / pad
         prompt_texts = [self.tokenizer.decode(p.tolist(), skip_special_tokens=False) for p in prompts]
         response_texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]

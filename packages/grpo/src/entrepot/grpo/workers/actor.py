@@ -50,7 +50,7 @@ version that sampled it, which for a response spanning rounds is not the policy 
 
 def response_batch(batch: Batch) -> ResponseBatch:
     """The prompt+response rows of a packed dock batch."""
-    data = batch.data
+    data = batch.columns
     return ResponseBatch.from_packed(
         data["prompts"], batch.lengths["prompts"], data["responses"], data["response_length"]
     )
@@ -243,7 +243,7 @@ class ActorWorker:
         # group, whose ranks generate the same rows in lockstep and whose first rank puts them
         alone = self.config.parallel.infer.tensor == 1
         for batch in self.reader.batches(dock, "actor_rollout", ["prompts"], count, min_count=n, alone=alone):
-            prompts = torch.split(batch.data["prompts"], batch.lengths["prompts"].tolist())
+            prompts = torch.split(batch.columns["prompts"], batch.lengths["prompts"].tolist())
             generator = policy.generator if base is None else _batch_generator(base, batch.indexes)
             responses, logprobs = _generate(policy.engine, prompts, policy.sampling, self._pad, generator)
             lengths = torch.tensor([len(r) for r in responses], dtype=torch.int64)
@@ -270,7 +270,7 @@ class ActorWorker:
         totals = {"rollout_tokens": 0.0, "partial/rows_continued": 0.0, "partial/forced_completions": 0.0}
         take: dict[str, Any] = {"min_count": 1, "groups": False, "lease": math.inf, "alone": True}
         while (batch := self.reader.get(dock, "actor_rollout", ["prompts"], count, **take)) is not None:
-            prompts = list(torch.split(batch.data["prompts"], batch.lengths["prompts"].tolist()))
+            prompts = list(torch.split(batch.columns["prompts"], batch.lengths["prompts"].tolist()))
             generator = policy.generator if base is None else _batch_generator(base, batch.indexes)
             out = partial_round(
                 policy.engine, prompts, batch.ages, self._responses_so_far(dock, batch), policy.sampling,
@@ -294,7 +294,7 @@ class ActorWorker:
         if carried.numel():
             columns = ["responses", "rollout_log_prob", "policy_version"]
             got = dock.peek(columns, batch.indexes[carried], layout="packed")
-            parts = [torch.split(got.data[c], got.lengths[c].tolist()) for c in columns]
+            parts = [torch.split(got.columns[c], got.lengths[c].tolist()) for c in columns]
             for i, row in enumerate(carried.tolist()):
                 previous[row] = (parts[0][i], parts[1][i], parts[2][i])
         return previous
@@ -370,7 +370,7 @@ class ActorWorker:
             if self._writes:
                 dock.put({column: (logp, rows.response_lengths)}, batch.indexes)
                 if mismatch is not None:
-                    mismatch.add(batch.data["rollout_log_prob"], logp)
+                    mismatch.add(batch.columns["rollout_log_prob"], logp)
 
     @stage("actor_train")
     def update(
@@ -421,7 +421,7 @@ class ActorWorker:
             return UpdateInputs(batch, torch.zeros(0), None if old is None else torch.zeros(0),
                                 torch.zeros(0) if use_ref else None, local)  # fmt: skip
         got = self.reader.take(dock, "actor_train", columns, rows)
-        data = got.data
+        data = got.columns
         return UpdateInputs(
             batch=response_batch(got),
             advantages=data["advantages"].float(),

@@ -78,16 +78,16 @@ class RewardWorker:
         with_models = bool(reward.models)  # the reward-model stage's column, ready before these rows are
         columns = ["responses", "response_length", "answer", *([MODEL_SCORES] if with_models else [])]
         for batch in self.reader.batches(dock, "rule_reward", columns, count, min_count=n):
-            ids = batch.data["responses"].tolist()
+            ids = batch.columns["responses"].tolist()
             texts = [
                 self.tokenizer.decode(ids[start:end], skip_special_tokens=True)
                 for start, end in _bounds(batch.lengths["responses"])
             ]
-            raw = batch.data["answer"].to(torch.uint8).numpy().tobytes()
+            raw = batch.columns["answer"].to(torch.uint8).numpy().tobytes()
             answers = [_text(raw[start:end]) for start, end in _bounds(batch.lengths["answer"])]
             scores = torch.tensor(rewards.score(texts, answers, reward.verifiers), dtype=torch.float32)
             if with_models:
-                scores += batch.data[MODEL_SCORES].float()
+                scores += batch.columns[MODEL_SCORES].float()
             correct = rewards.score(texts, answers, {reward.accuracy_verifier: 1.0})
             dock.put(
                 {
