@@ -67,7 +67,7 @@ def test_columns_are_the_tensors_data_holds_as_a_tensordict(dock, make_rows):
 
 
 def test_a_consumer_reading_columns_never_imports_tensordict():
-    """tensordict's import costs a process about a second; only `Batch.data` pays it."""
+    """tensordict's import (which pulls in torch._dynamo) is paid only through `Batch.data`."""
     script = (
         "import sys, torch\n"
         "from entrepot.dock import ExperienceDock\n"

@@ -96,7 +96,7 @@ def test_a_config_it_does_not_hold_is_refused(key: str, value: object) -> None:
 
 
 def test_the_default_run_imports_neither_transformers_nor_tensordict(tmp_path: Path) -> None:
-    """transformers and tensordict cost the default run seconds of start-up to import."""
+    """Only paths that need transformers or tensordict import them; the default run needs neither."""
     script = (
         "import sys\n"
         "from entrepot.grpo import load_config, train\n"

@@ -48,8 +48,8 @@ class Batch:
     def data(self) -> TensorDict:
         """`columns` as a TensorDict: batch_size [B] when padded, [] when packed (built on first access).
 
-        tensordict loads only here: importing it costs a process about a second (it imports
-        torch._dynamo), which a consumer that reads `columns` never pays.
+        tensordict loads only here: its import pulls in torch._dynamo, which a consumer that reads
+        `columns` never pays for.
         """
         from tensordict import TensorDict
 

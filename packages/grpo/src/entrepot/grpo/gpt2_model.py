@@ -1,7 +1,8 @@
 """The embedded default policy: HF GPT-2's config and parameters, held without importing transformers.
 
-Importing transformers costs the default run's start-up seconds before its first step: its import
-structure scan, and for its models torch.distributed.tensor and more. The default run needs none
+Importing transformers lengthens the default run's start-up, before its first step: its import
+structure scan, and for its models torch.distributed.tensor and more (`bench_grpo.py --vs-trl`
+prints the start-up). The default run needs none
 of that code: its log-prob and update passes are written out on the weights
 (`entrepot.grpo.gpt2_forward`), and its rollout engine keeps its own layout. So `EmbeddedGPT2`
 holds the parameters under HF's names and layout (Conv1D weights [in, out], tied embeddings),

@@ -2,7 +2,7 @@
 
 The embedded default is a GPT-2-style decoder (learned absolute positions, LayerNorm, GELU MLP) of
 about 100k parameters built from `ModelConfig`, held as `entrepot.grpo.gpt2_model.EmbeddedGPT2`
-(HF's config fields and parameters, without importing transformers, which costs seconds of
+(HF's config fields and parameters, without importing transformers, which lengthens
 start-up); a tiny rotary-only Qwen2 config did not learn the reverse task in the prototype, learned
 positions did. `model.architecture=qwen2` builds a Qwen2
 (the GPU example's 0.5B-class shape, or tiny ones in tests). Dropout is zero so that the PPO ratio
