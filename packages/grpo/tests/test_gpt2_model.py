@@ -95,13 +95,15 @@ def test_a_config_it_does_not_hold_is_refused(key: str, value: object) -> None:
         EmbeddedGPT2(config)
 
 
-def test_the_default_run_imports_neither_transformers_nor_tensordict(tmp_path: Path) -> None:
-    """Only paths that need transformers or tensordict import them; the default run needs neither."""
+def test_the_default_run_imports_neither_transformers_nor_tensordict_nor_dynamo(tmp_path: Path) -> None:
+    """Only paths that need transformers, tensordict or torch._dynamo import them; the default run
+    (steps, evals, a checkpoint) needs none (torch.optim's optimizers would import torch._dynamo)."""
+    overrides = ["max_steps=2", "eval.every=1", "checkpoint.save_every=1"]
     script = (
         "import sys\n"
         "from entrepot.grpo import load_config, train\n"
-        f"train(load_config(None, ['max_steps=2', 'eval.every=0']), {str(tmp_path / 'run')!r})\n"
-        "print(sorted(m for m in ('tensordict', 'transformers') if m in sys.modules))\n"
+        f"train(load_config(None, {overrides!r}), {str(tmp_path / 'run')!r})\n"
+        "print(sorted(m for m in ('tensordict', 'transformers', 'torch._dynamo') if m in sys.modules))\n"
     )
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)

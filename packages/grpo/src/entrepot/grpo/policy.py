@@ -214,7 +214,7 @@ def _rollout_engine(
 
 def _manager(
     config: GRPOConfig, train_engine: Any, engine: Any, resharder: Any, params: Sequence[torch.Tensor],
-    optimizer: torch.optim.Optimizer,
+    optimizer: Any,
 ) -> Any:  # fmt: skip
     """The ShardingManager with the offload flags of `engine`."""
     from entrepot.resharding import Offloader, ShardingManager

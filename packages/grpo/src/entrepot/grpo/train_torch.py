@@ -13,6 +13,7 @@ import torch
 
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.frozen import FrozenOnDemand
+from entrepot.grpo.optim import AdamW, LRSchedule
 from entrepot.grpo.sequences import ResponseBatch
 from entrepot.grpo.update import DataParallel, UpdateInputs, compute_logprobs, ppo_update
 
@@ -43,12 +44,12 @@ class Trainer(Protocol):
         ...
 
     @property
-    def torch_optimizer(self) -> torch.optim.Optimizer:
-        """The torch optimizer holding the moments (checkpoints save its state)."""
+    def torch_optimizer(self) -> AdamW | torch.optim.Optimizer:
+        """The optimizer holding the moments (checkpoints save its state)."""
         ...
 
     @property
-    def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
+    def scheduler(self) -> LRSchedule | torch.optim.lr_scheduler.LRScheduler:
         """The LR schedule."""
         ...
 
@@ -82,8 +83,8 @@ class TorchTrainer:
         config: GRPOConfig,
         model: torch.nn.Module,
         reference: torch.nn.Module | None,
-        optimizer: torch.optim.Optimizer,
-        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        optimizer: AdamW,
+        scheduler: LRSchedule,
         pad_token_id: int,
     ) -> None:
         self.config, self.model, self.reference = config, model, reference
@@ -113,11 +114,11 @@ class TorchTrainer:
         return {} if self.reference is None else dict(self.reference.named_parameters())
 
     @property
-    def torch_optimizer(self) -> torch.optim.Optimizer:
+    def torch_optimizer(self) -> AdamW:
         return self.optimizer
 
     @property
-    def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
+    def scheduler(self) -> LRSchedule:
         return self._scheduler
 
     def reference_resident(self) -> contextlib.AbstractContextManager[None]:

@@ -22,6 +22,7 @@ from entrepot.grpo import gpt2_forward
 from entrepot.grpo.config import AlgorithmConfig, BatchingConfig
 from entrepot.grpo.lanes import run_lanes, split_rows
 from entrepot.grpo.losses import loss_normalizer, policy_loss, token_weights
+from entrepot.grpo.optim import AdamW, LRSchedule
 from entrepot.grpo.sequences import ResponseBatch, packed_attention, response_logprobs, segment_index
 
 __all__ = [
@@ -149,8 +150,8 @@ class UpdateInputs:
 
 def ppo_update(
     model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    optimizer: AdamW,
+    scheduler: LRSchedule,
     inputs: UpdateInputs,
     algo: AlgorithmConfig,
     batching: BatchingConfig,
@@ -180,7 +181,7 @@ def ppo_update(
 
 def _mini_batch_step(
     model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: AdamW,
     inputs: UpdateInputs,
     rows: torch.Tensor,
     algo: AlgorithmConfig,

@@ -17,16 +17,17 @@ runs the very same code path.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from entrepot.resharding.errors import OffloadStateError
 
-__all__ = ["Component", "Offloader", "device_synchronize"]
+__all__ = ["Component", "Offloader", "OptimizerState", "device_synchronize"]
 
 
 class Component(StrEnum):
@@ -60,6 +61,20 @@ def _byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
 
+class OptimizerState(Protocol):
+    """What the offloader reads of an optimizer, laid out as torch.optim's (any optimizer with these)."""
+
+    @property
+    def state(self) -> Mapping[Any, Mapping[str, Any]]:
+        """Per-parameter state: name -> tensor (``exp_avg`` ...) or value."""
+        ...
+
+    @property
+    def param_groups(self) -> Sequence[Mapping[str, Any]]:
+        """Groups whose ``params`` may hold tensors that are not model parameters (fp32 masters)."""
+        ...
+
+
 class Offloader:
     """Offload/onload params, grads and optimizer state of one model, per component.
 
@@ -81,7 +96,7 @@ class Offloader:
     def __init__(
         self,
         model: nn.Module | Iterable[torch.Tensor],
-        optimizer: torch.optim.Optimizer | None = None,
+        optimizer: OptimizerState | None = None,
         *,
         pin_memory: bool | None = None,
     ) -> None:
