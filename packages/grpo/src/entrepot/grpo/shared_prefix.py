@@ -41,14 +41,16 @@ class SharedPrefixLayout:
         keep: int64 [R] shared-row position predicting each response token, in the batch's order
             (a response's first token is predicted by its group's last prompt token).
         slots: int64 [M] index of each shared-row token in the [G * L] attention grid.
-        mask: bool [G, 1, L, L]: query slot q may attend to key slot k.
+        bias: float32 [G, 1, L, L], added to the attention scores: 0 where query slot q may attend to
+            key slot k, -inf elsewhere (SDPA's CPU kernels ran slower with the equal boolean mask
+            at the default run's shapes, forward and backward).
     """
 
     order: torch.Tensor
     position_ids: torch.Tensor
     keep: torch.Tensor
     slots: torch.Tensor
-    mask: torch.Tensor
+    bias: torch.Tensor
 
     @property
     def num_tokens(self) -> int:
@@ -154,7 +156,7 @@ def _layout(
     order: torch.Tensor, position: torch.Tensor, keep: torch.Tensor, segment: torch.Tensor,
     group_lengths: torch.Tensor,
 ) -> SharedPrefixLayout:  # fmt: skip
-    """The layout's tensors, and the [G, 1, L, L] mask of its attention grid."""
+    """The layout's tensors, and the [G, 1, L, L] additive mask of its attention grid."""
     num_groups, width = group_lengths.numel(), int(group_lengths.max())
     slots = torch.repeat_interleave(torch.arange(num_groups) * width, group_lengths) + _offsets(group_lengths)
     grid = torch.full((num_groups * width,), -1, dtype=torch.int64)  # pad slots: -1
@@ -163,8 +165,9 @@ def _layout(
     # A query sees earlier keys of its own segment or of its group's prompt (segment 0); a pad query
     # sees at least itself, so no softmax row is empty.
     same = (grid[:, None, :] == grid[:, :, None]) | (grid[:, None, :] == 0)  # [G, L_q, L_k]
-    mask = same & torch.ones(width, width, dtype=torch.bool).tril()
-    return SharedPrefixLayout(order=order, position_ids=position, keep=keep, slots=slots, mask=mask[:, None])
+    allowed = same & torch.ones(width, width, dtype=torch.bool).tril()
+    bias = torch.zeros(allowed.shape, dtype=torch.float32).masked_fill_(~allowed, float("-inf"))
+    return SharedPrefixLayout(order=order, position_ids=position, keep=keep, slots=slots, bias=bias[:, None])
 
 
 def shared_prefix_attention(
@@ -178,14 +181,14 @@ def shared_prefix_attention(
     groups = q.shape[1] // k.shape[1]
     if groups > 1:  # grouped-query attention: each key head serves `groups` query heads
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    num_groups, width = layout.mask.shape[0], layout.mask.shape[-1]
+    num_groups, width = layout.bias.shape[0], layout.bias.shape[-1]
 
     def to_grid(t: torch.Tensor) -> torch.Tensor:  # [M, H, D] -> [G, H, L, D]
         grid = t.new_zeros((num_groups * width, *t.shape[1:])).index_copy_(0, layout.slots.to(t.device), t)
         return grid.view(num_groups, width, *t.shape[1:]).transpose(1, 2)
 
     out = F.scaled_dot_product_attention(
-        to_grid(q), to_grid(k), to_grid(v), attn_mask=layout.mask.to(q.device), scale=scale
+        to_grid(q), to_grid(k), to_grid(v), attn_mask=layout.bias.to(q.device, q.dtype), scale=scale
     )  # [G, H, L, D]
     flat = out.transpose(1, 2).reshape(num_groups * width, *q.shape[1:])  # [G * L, H, D]
     return flat.index_select(0, layout.slots.to(q.device))
