@@ -50,6 +50,20 @@ def test_plan_covers_every_index_once_and_never_exceeds_caps(
         assert torch.equal(order[plan.restore_order], values)
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=60), st.none() | st.integers(60, 80))
+def test_a_batch_within_one_budget_is_one_micro_batch_of_every_row_in_order(
+    lengths: list[int], count_cap: int | None
+) -> None:
+    """The shortcut for a batch that fits at once gives the plan the search gives it."""
+    from entrepot.batching._micro_batch import _search
+
+    budget = max(sum(lengths), 1)
+    plan = plan_micro_batches(lengths, budget, count_cap)
+    assert plan.micro_batches == [list(range(len(lengths)))]
+    assert plan.micro_batches == _search(lengths, 1, budget, count_cap)
+
+
 def test_reaches_lower_bound_on_many_short_sequences() -> None:
     gen = torch.Generator().manual_seed(0)
     lengths = (torch.randint(16, 2048, (1000,), generator=gen)).tolist()

@@ -257,7 +257,9 @@ def plan_micro_batches(
             lower = max(lower, -(-len(sizes) // max_micro_batch_size))
     with gc_paused():
         parts: list[list[int]] = []
-        if sizes:
+        if lower == 1:  # everything fits in one: that plan, rows in order (what the search returns too)
+            parts = [list(range(len(sizes)))]
+        elif sizes:
             start = max(lower, martello_toth_bound(sizes, max_token_len))
             parts = _search(sizes, start, max_token_len, max_micro_batch_size)
         if group is not None:
