@@ -1,8 +1,8 @@
 """The optimiser and LR schedule of the policy: AdamW, linear warm-up, then constant or cosine.
 
 Both are ours rather than torch.optim's: building or stepping any `torch.optim.Optimizer` imports
-`torch._dynamo` (its methods carry a lazy dynamo-disable), 1.4-1.7 s of a run's start-up on the
-2-core machine, for a trainer that never compiles. The update is torch's AdamW (decoupled weight
+`torch._dynamo` (its methods carry a lazy dynamo-disable), a large import that a trainer which never
+compiles should not pay at start-up. The update is torch's AdamW (decoupled weight
 decay, bias correction; tested equal to `torch.optim.AdamW` step for step) through the same fused
 kernel, and the `state_dict` layouts are torch's, so checkpoints saved with torch.optim's classes load.
 """
@@ -67,9 +67,12 @@ class AdamW:
                 continue
             if set_to_none:
                 param.grad = None
+                continue
+            if param.grad.grad_fn is not None:
+                param.grad.detach_()
             else:
-                param.grad.detach_() if param.grad.grad_fn is not None else param.grad.requires_grad_(False)
-                param.grad.zero_()
+                param.grad.requires_grad_(False)
+            param.grad.zero_()
 
     def _state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
         state = self.state.get(param)
