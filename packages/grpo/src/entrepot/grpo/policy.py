@@ -20,6 +20,7 @@ from entrepot.grpo.gpt2_model import as_hf_config, hf_architecture
 from entrepot.grpo.model import build_model, load_pretrained
 from entrepot.grpo.optim import build_optimizer
 from entrepot.grpo.rollout import GPT2RolloutEngine, SamplingParams
+from entrepot.resharding import OptimizerState
 
 __all__ = [
     "Policy",
@@ -214,7 +215,7 @@ def _rollout_engine(
 
 def _manager(
     config: GRPOConfig, train_engine: Any, engine: Any, resharder: Any, params: Sequence[torch.Tensor],
-    optimizer: Any,
+    optimizer: OptimizerState,
 ) -> Any:  # fmt: skip
     """The ShardingManager with the offload flags of `engine`."""
     from entrepot.resharding import Offloader, ShardingManager

@@ -25,7 +25,7 @@ from entrepot.resharding.errors import (
 )
 from entrepot.resharding.layout import ParallelLayout, RankCoords
 from entrepot.resharding.manager import MODES, LocalResharder, ShardingManager, TransitionRecord
-from entrepot.resharding.offload import Component, Offloader
+from entrepot.resharding.offload import Component, Offloader, OptimizerState
 from entrepot.resharding.protocols import INFERENCE_TAGS, InferenceEngine, TrainingEngine, WeightResharder
 from entrepot.resharding.resharder import Resharder, ReshardStats
 
@@ -45,6 +45,7 @@ __all__ = [
     "ModelWeightBuffer",
     "OffloadStateError",
     "Offloader",
+    "OptimizerState",
     "ParallelLayout",
     "ParamSpec",
     "RankCoords",
