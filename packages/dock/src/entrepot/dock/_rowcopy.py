@@ -7,9 +7,10 @@ per element; a memoryview slice assignment is one plain memcpy for ~0.2 us of Py
 written once (filling the whole output first and copying the rows over it halves the Python per
 row, but measured 12% slower while other jobs competed for the cache, 3% faster otherwise).
 
-Measured on the development machine, out of cache: a 256-row int64 column unpads at ~1.4x and pads
-at ~0.75x the speed of one `torch.Tensor.copy_` of its valid bytes (the padded tensor is ~1.8x those
-bytes). Rows are handled as bytes, so every torch dtype (bfloat16 included) takes the same path.
+Measured on the development machine, out of cache, each beside one `torch.Tensor.copy_` of the same
+valid bytes between rotating buffers: a 256-row int64 column unpads at ~0.6-0.66x and pads at
+~0.6-0.74x the speed of that copy (the padded tensor is ~1.8x those bytes). Rows are handled as
+bytes, so every torch dtype (bfloat16 included) takes the same path.
 CPU tensors only: rows on another device (a dispatched batch on the GPU) are padded with torch ops.
 
 Shape legend: B rows, L padded width, T = sum of the B lengths.
