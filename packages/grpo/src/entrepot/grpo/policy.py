@@ -10,7 +10,7 @@ import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,7 +20,9 @@ from entrepot.grpo.gpt2_model import as_hf_config, hf_architecture
 from entrepot.grpo.model import build_model, load_pretrained
 from entrepot.grpo.optim import build_optimizer
 from entrepot.grpo.rollout import GPT2RolloutEngine, SamplingParams
-from entrepot.resharding import OptimizerState
+
+if TYPE_CHECKING:  # resharding is imported where a manager is built, as below
+    from entrepot.resharding import OptimizerState
 
 __all__ = [
     "Policy",
