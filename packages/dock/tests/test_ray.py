@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -21,6 +22,7 @@ from entrepot.dock import (  # noqa: E402
     LeaseError,
     UnknownColumnError,
 )
+from entrepot.dock._channel import _DIR as _channel_dir  # noqa: E402
 from entrepot.dock.ray import RayDockClient  # noqa: E402
 
 # Client actors are defined here; ship this module's code to the workers by value (pytest's importlib
@@ -197,3 +199,82 @@ def test_a_retried_ray_task_loses_no_rows(tmp_path, key):
     assert torch.equal(client.peek(["y"], torch.arange(32)).data["y"], torch.arange(32).float())
     with pytest.raises(LeaseError, match="lease 1000000000 of consumer 'c'"):  # typed, through Ray
         client.ack(Lease(id=10**9, consumer="c", seconds=1.0))
+
+
+def _long_rows(rows: torch.Tensor) -> dict[str, object]:
+    """Rows of 4,096-6,000 int64 tokens (32-48 KB each), so a 64-row get is over 1 MiB."""
+    return {"x": [torch.full((4096 + int(r) * 61 % 1904,), int(r)) for r in rows], "id": rows.clone()}
+
+
+def _same_batch(got, want) -> None:
+    assert got.layout == want.layout and torch.equal(got.indexes, want.indexes)
+    assert got.columns.keys() == want.columns.keys()
+    for name, column in want.columns.items():
+        assert torch.equal(got.columns[name], column), name
+    assert all(torch.equal(got.lengths[name], lengths) for name, lengths in want.lengths.items())
+
+
+def _channel_files() -> list[str]:
+    return [name for name in os.listdir(_channel_dir) if name.startswith("entrepot-dock-channel-")]
+
+
+def test_large_gets_come_through_the_shared_memory_channel_as_copies():
+    local = ExperienceDock(256, columns=["x", "id"], consumers=["c"])
+    client = RayDockClient.launch(ExperienceDock, capacity=256, columns=["x", "id"], consumers=["c"])
+    plain = RayDockClient(client.actor, channel=False)  # the same actor, replies always through Ray
+    rows = torch.arange(256)
+    local.put(_long_rows(rows), rows)
+    client.put(_long_rows(rows), rows)
+    got = []
+    for layout in ("padded", "packed", "padded"):
+        want = local.get("c", ["x", "id"], 64, layout=layout)
+        got.append((client.get("c", ["x", "id"], 64, layout=layout), want))
+        _same_batch(*got[-1])
+    assert client.channel_gets == 2 and client.channel_capacity >= 64 * 4096 * 8  # the 1st came by Ray
+    for batch, want in got:  # batches are copies: later gets through the channel changed none of them
+        _same_batch(batch, want)
+    assert _channel_files() == []  # unlinked once both sides mapped it
+    with pytest.raises(UnknownColumnError, match="'nope'"):
+        client.get("c", ["nope"], 8)  # an error in the actor gives the channel back
+    _same_batch(plain.get("c", ["x", "id"], 32), local.get("c", ["x", "id"], 32))
+    assert plain.channel_capacity == 0 and plain.channel_gets == 0
+    packed = client.get("c", ["x", "id"], 32, layout="packed")
+    _same_batch(packed, local.get("c", ["x", "id"], 32, layout="packed"))
+    assert client.channel_gets == 3
+
+
+def test_a_reply_the_channel_cannot_take_comes_through_ray_and_a_new_channel_follows():
+    local = ExperienceDock(512, columns=["x", "id"], consumers=["c"])
+    client = RayDockClient.launch(ExperienceDock, capacity=512, columns=["x", "id"], consumers=["c"])
+    rows = torch.arange(512)
+    local.put(_long_rows(rows), rows)
+    client.put(_long_rows(rows), rows)
+    for count, via_channel in ((32, 0), (32, 1), (256, 1), (64, 2)):  # 256 rows outgrow the channel
+        _same_batch(client.get("c", ["x", "id"], count), local.get("c", ["x", "id"], count))
+        assert client.channel_gets == via_channel, count
+    assert client.channel_capacity >= 256 * 4096 * 8
+    ray.get(client.actor.detach_channel.remote(client._channel.name))  # as after an actor restart
+    for via_channel in (2, 3):  # through Ray once more, then through a new channel
+        _same_batch(client.get("c", ["x", "id"], 32), local.get("c", ["x", "id"], 32))
+        assert client.channel_gets == via_channel
+    assert _channel_files() == []
+
+
+@ray.remote(num_cpus=0.25)
+def _large_gets(client: RayDockClient, count: int) -> tuple[list[int], int]:
+    """Gets in another process: the pickled client opens its own channel there."""
+    torch.set_num_threads(1)
+    seen: list[int] = []
+    while (batch := client.get("c", ["x", "id"], count, min_count=1, timeout=30)) is not None:
+        assert torch.equal(batch.columns["x"][:, 0], batch.indexes)
+        seen += batch.indexes.tolist()
+    return seen, client.channel_gets
+
+
+def test_a_client_pickled_into_a_task_opens_its_own_channel():
+    client = RayDockClient.launch(ExperienceDock, capacity=256, columns=["x", "id"], consumers=["c"])
+    rows = torch.arange(256)
+    client.put(_long_rows(rows), rows)
+    assert client.get("c", ["x", "id"], 64) is not None and client.channel_capacity > 0
+    seen, channel_gets = ray.get(_large_gets.remote(client, 64))
+    assert sorted(seen) == list(range(64, 256)) and channel_gets == 2  # its 1st get came through Ray

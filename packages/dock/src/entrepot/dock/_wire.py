@@ -1,7 +1,8 @@
 """One-buffer wire format: many 1-D tensors of any dtypes as a single uint8 buffer plus a small layout.
 
 Used to move a batch through Ray's object store (one large zero-copy buffer instead of one pickled
-tensor per row) and through torch.distributed (one broadcast instead of one per column).
+tensor per row) or a same-node shared-memory channel (`_channel`), and through torch.distributed
+(one broadcast instead of one per column).
 """
 
 from __future__ import annotations
@@ -95,6 +96,14 @@ def encode_columns(
 
 def encode_taken(taken: Taken) -> tuple[WireLayout, torch.Tensor]:
     """The rows of a get straight into one buffer (the gather is the only copy)."""
+    layout = taken_layout(taken)
+    buffer = torch.empty(layout.nbytes, dtype=torch.uint8)
+    write_taken(taken, layout, buffer)
+    return layout, buffer
+
+
+def taken_layout(taken: Taken) -> WireLayout:
+    """The wire layout of a get's rows, before any byte is copied (to pick the buffer they go into)."""
     specs: list[tuple[str, torch.dtype, int]] = [("rows", torch.int64, taken.rows.numel())]
     specs.append(("ages", torch.int32, taken.ages.numel()))
     for name, part in taken.parts.items():
@@ -103,8 +112,11 @@ def encode_taken(taken: Taken) -> tuple[WireLayout, torch.Tensor]:
             specs.append((f"l:{name}", torch.int64, part.lengths.numel()))
         else:
             specs.append((f"s:{name}", part.dtype, part.numel()))
-    layout = plan(specs)
-    buffer = torch.empty(layout.nbytes, dtype=torch.uint8)
+    return plan(specs)
+
+
+def write_taken(taken: Taken, layout: WireLayout, buffer: torch.Tensor) -> None:
+    """Gather a get's rows into `buffer` (uint8 [layout.nbytes]), as `taken_layout` laid them out."""
     out = views(layout, buffer)
     out["rows"].copy_(taken.rows)
     out["ages"].copy_(taken.ages)
@@ -114,7 +126,6 @@ def encode_taken(taken: Taken) -> tuple[WireLayout, torch.Tensor]:
             out[f"l:{name}"].copy_(part.lengths)
         else:
             out[f"s:{name}"].copy_(part)
-    return layout, buffer
 
 
 def encode_raw(

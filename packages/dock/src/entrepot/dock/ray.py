@@ -8,7 +8,9 @@ The actor is threaded: gets (which may block) run in a "get" concurrency group o
 threads, puts and control calls in their own small group, so blocked getters never starve a put.
 It asks for a fraction of a CPU. Data crosses Ray as one uint8 numpy buffer per call (see _wire):
 Ray stores it in the object store once and the receiver maps it without copying; nothing is
-pickled per row or per column. The client handle is picklable: pass it to other actors.
+pickled per row or per column. A client on the actor's node takes its get replies through a
+shared-memory channel instead (see _channel): the actor gathers the rows straight into memory the
+client maps, skipping Ray's object store. The client handle is picklable: pass it to other actors.
 
 Anyone who can reach the Ray cluster can call the actor, so it runs only what a client needs: the
 methods in `CALLABLE_METHODS` (a private method or an unknown name is refused), and `save` / `load`
@@ -17,6 +19,9 @@ only under the `files_root` it was launched with.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -29,13 +34,14 @@ try:
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise ImportError("entrepot.dock.ray needs Ray: pip install 'entrepot-dock[ray]'") from error
 
+from entrepot.dock import _channel
 from entrepot.dock._batch import LAYOUTS, Batch, Layout, build_batch
 from entrepot.dock._dock import ExperienceDock
 from entrepot.dock._errors import DockStateError, InvalidArgumentError
 from entrepot.dock._grpo import count_prompts
 from entrepot.dock._inputs import normalize_column, normalize_put
 from entrepot.dock._leases import Lease
-from entrepot.dock._wire import WireLayout, as_uint8, decode, encode_columns, encode_taken
+from entrepot.dock._wire import WireLayout, as_uint8, decode, encode_columns, taken_layout, write_taken
 
 __all__ = ["CALLABLE_METHODS", "DockActor", "RayDockClient"]
 
@@ -62,6 +68,7 @@ class DockActor:
         torch.set_num_threads(num_threads)
         self._dock = dock_cls(**dock_kwargs)
         self._files_root = None if files_root is None else Path(files_root).resolve()
+        self._channels = _channel.ChannelTable()
 
     @ray.method(concurrency_group="put")
     def put_wire(
@@ -72,18 +79,44 @@ class DockActor:
         self._dock.put(data, indexes, completed=completed, ack=ack)
 
     @ray.method(concurrency_group="get")
-    def get_wire(self, consumer: str, columns: list[str], count: int, kwargs: dict[str, Any]) -> Any:
+    def get_wire(
+        self,
+        consumer: str,
+        columns: list[str],
+        count: int,
+        kwargs: dict[str, Any],
+        channel: str | None = None,
+    ) -> Any:
+        """(layout, buffer, lease): the rows gathered into the client's `channel` when it has room
+        (buffer None), else into a buffer that Ray carries back."""
         taken = self._dock._take(consumer, columns, count, **kwargs)
         if taken is None:
             return None
         try:
-            layout, buffer = encode_taken(taken)
+            layout = taken_layout(taken)
+            room = self._channels.room(channel, layout.nbytes)
+            buffer = torch.empty(layout.nbytes, dtype=torch.uint8) if room is None else room
+            write_taken(taken, layout, buffer)
         except BaseException:
             self._dock._untake(consumer, taken)
             raise
         finally:
             self._dock._done_reading()
-        return layout, buffer.numpy(), taken.lease
+        return layout, None if room is not None else buffer.numpy(), taken.lease
+
+    @ray.method(concurrency_group="put")
+    def node_id(self) -> str:
+        """The Ray node this actor runs on (a client on the same node may open a channel)."""
+        return str(ray.get_runtime_context().get_node_id())
+
+    @ray.method(concurrency_group="put")
+    def attach_channel(self, name: str, capacity: int) -> None:
+        """Map a client's shared-memory channel; only a file `_channel.create` made is accepted."""
+        self._channels.attach(name, capacity)
+
+    @ray.method(concurrency_group="put")
+    def detach_channel(self, name: str) -> None:
+        self._channels.detach(name)
 
     @ray.method(concurrency_group="put")
     def call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -114,10 +147,34 @@ class DockActor:
 
 
 class RayDockClient:
-    """DockClient for a dock living in a `DockActor`; same arguments and results as ExperienceDock."""
+    """DockClient for a dock living in a `DockActor`; same arguments and results as ExperienceDock.
 
-    def __init__(self, actor: Any) -> None:
+    With `channel` (the default), a client on the actor's node takes get replies of 1 MiB or more
+    through a shared-memory channel (see `_channel`), created after the first such reply and grown
+    when a reply outgrows it; elsewhere, or with `channel=False`, through Ray's object store.
+    `channel_gets` counts the gets that came through the channel. Pickling drops the channel: each
+    process makes its own.
+    """
+
+    def __init__(self, actor: Any, channel: bool = True) -> None:
         self.actor = actor
+        self._use_channel = channel
+        self._channel: _channel.Channel | None = None
+        self._channel_lock = threading.Lock()  # one get at a time reads the channel
+        self._forget_channel: weakref.finalize | None = None
+        self.channel_gets = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"actor": self.actor, "channel": self._use_channel}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        RayDockClient.__init__(self, state["actor"], state["channel"])
+
+    @property
+    def channel_capacity(self) -> int:
+        """Bytes of this client's shared-memory channel (0: none yet, or replies travel through Ray)."""
+        channel = self._channel
+        return 0 if channel is None else channel.capacity
 
     @classmethod
     def launch(
@@ -128,6 +185,7 @@ class RayDockClient:
         max_concurrency: int = 16,
         name: str | None = None,
         files_root: str | None = None,
+        channel: bool = True,
         **dock_kwargs: Any,
     ) -> RayDockClient:
         """Start a DockActor holding `dock_cls(**dock_kwargs)` and return a client for it.
@@ -139,13 +197,16 @@ class RayDockClient:
             name: optional Ray actor name, so other processes can `ray.get_actor` it.
             files_root: the one directory `save` / `load` may use (paths resolve inside it; relative
                 ones are taken from it); None refuses both.
+            channel: take large get replies through a shared-memory channel when this process runs
+                on the actor's node (see the class docstring); False: always through Ray.
             dock_kwargs: the dock's constructor arguments.
         """
         actor_cls = ray.remote(num_cpus=num_cpus, concurrency_groups={"put": 4, "get": max_concurrency})(
             DockActor
         )
         options = {} if name is None else {"name": name}
-        return cls(actor_cls.options(**options).remote(dock_cls, dock_kwargs, files_root=files_root))
+        actor = actor_cls.options(**options).remote(dock_cls, dock_kwargs, files_root=files_root)
+        return cls(actor, channel=channel)
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return ray.get(self.actor.call.remote(method, args, kwargs))
@@ -202,21 +263,78 @@ class RayDockClient:
             "lease": lease,
             "lease_key": lease_key,
         }
-        reply = ray.get(self.actor.get_wire.remote(consumer, list(columns), count, kwargs))
-        if reply is None:
-            return None
-        wire_layout, array, granted = reply
-        rows, raw, ages = decode(wire_layout, as_uint8(array))
-        # The received buffer is read-only shared memory: the batch holds copies (scalars cloned
-        # too). The padded layout copies each row itself, straight out of the buffer.
-        copied: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
-        for name, (flat, lengths) in raw.items():
-            if lengths is None:
-                copied[name] = (flat.clone(), None)
+        channel = self._claim_channel()
+        try:
+            offered = None if channel is None else channel.name
+            reply = ray.get(self.actor.get_wire.remote(consumer, list(columns), count, kwargs, offered))
+            if reply is None:
+                return None
+            wire_layout, array, granted = reply
+            if array is None:
+                assert channel is not None  # the actor writes into a channel only when offered one
+                buffer = channel.buffer.narrow(0, 0, wire_layout.nbytes)
+                self.channel_gets += 1
             else:
-                copied[name] = (flat if layout == "padded" else flat.clone(), lengths.clone())
-        batch = build_batch(rows.clone(), copied, ages.clone(), layout, pad_value, pad_multiple)
+                buffer = as_uint8(array)
+            batch = _copied_batch(wire_layout, buffer, layout, pad_value, pad_multiple)
+        finally:
+            if channel is not None:
+                self._channel_lock.release()
+        if array is not None:
+            self._fit_channel(wire_layout.nbytes, channel)
         return batch if granted is None else replace(batch, lease=granted)
+
+    def _claim_channel(self) -> _channel.Channel | None:
+        """The channel, locked for one get; None when there is none or another get holds it."""
+        if self._channel is None or not self._channel_lock.acquire(blocking=False):
+            return None
+        if self._channel is None:  # replaced to nothing while this thread waited for the lock
+            self._channel_lock.release()
+            return None
+        return self._channel
+
+    def _fit_channel(self, nbytes: int, offered: _channel.Channel | None) -> None:
+        """After a reply of `nbytes` came through Ray: make (or grow) the channel for the next ones.
+
+        A reply that came through Ray although a channel was offered did not fit it, or the actor
+        no longer knows it (restarted, or it dropped it past its limit): both call for a new one.
+        """
+        if not self._use_channel or nbytes < _channel.MIN_CAPACITY:
+            return
+        current = self._channel
+        if offered is None and current is not None and current.capacity >= nbytes:
+            return  # another get held the channel; it still fits
+        if not self._channel_lock.acquire(blocking=False):
+            return  # another get is using it: the next reply will tell again
+        try:
+            self._replace_channel(_channel.capacity_for(nbytes))
+        finally:
+            self._channel_lock.release()
+
+    def _replace_channel(self, capacity: int) -> None:
+        """Drop the channel (the actor unmaps it) and open one of `capacity` bytes, if this process
+        runs on the actor's node and shared memory has room; otherwise replies stay on Ray."""
+        if self._forget_channel is not None:
+            self._forget_channel()  # tells the actor to unmap the old one
+        self._channel = self._forget_channel = None
+        try:
+            here = str(ray.get_runtime_context().get_node_id())
+            if ray.get(self.actor.node_id.remote()) != here:
+                self._use_channel = False
+                return
+            channel = _channel.create(capacity)
+        except (OSError, ray.exceptions.RayError):
+            self._use_channel = False  # no shared memory to spare here, or the actor is gone
+            return
+        try:
+            ray.get(self.actor.attach_channel.remote(channel.name, channel.capacity))
+        except ray.exceptions.RayError:
+            self._use_channel = False  # e.g. the actor sees another /dev/shm (a container)
+            return
+        finally:
+            _channel.unlink(channel)  # both sides have it mapped (or the actor never will)
+        self._channel = channel
+        self._forget_channel = weakref.finalize(self, _detach_quietly, self.actor, channel.name)
 
     def ack(self, lease: Lease, indexes: Sequence[int] | torch.Tensor | None = None) -> None:
         """ExperienceDock.ack in the actor."""
@@ -282,3 +400,25 @@ class RayDockClient:
             if isinstance(error.cause, DockStateError):
                 raise error.cause from None
             raise
+
+
+def _copied_batch(
+    wire_layout: WireLayout, buffer: torch.Tensor, layout: Layout, pad_value: float, pad_multiple: int
+) -> Batch:
+    """A get's batch laid out of a received buffer, every tensor a copy (the buffer is Ray's
+    read-only shared memory, or a channel that the next get overwrites). The padded layout copies
+    each row itself, straight out of the buffer."""
+    rows, raw, ages = decode(wire_layout, buffer)
+    copied: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
+    for name, (flat, lengths) in raw.items():
+        if lengths is None:
+            copied[name] = (flat.clone(), None)
+        else:
+            copied[name] = (flat if layout == "padded" else flat.clone(), lengths.clone())
+    return build_batch(rows.clone(), copied, ages.clone(), layout, pad_value, pad_multiple)
+
+
+def _detach_quietly(actor: Any, name: str) -> None:
+    """Ask the actor to unmap channel `name` (fire and forget: the actor or Ray may be gone)."""
+    with contextlib.suppress(Exception):  # at interpreter exit Ray may already be shut down
+        actor.detach_channel.remote(name)

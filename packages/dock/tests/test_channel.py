@@ -1,0 +1,89 @@
+"""The shared-memory channel (_channel) on its own: what the actor agrees to map, and the table."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from entrepot.dock import InvalidArgumentError
+from entrepot.dock._channel import (
+    _DIR,
+    MIN_CAPACITY,
+    ChannelTable,
+    attach,
+    capacity_for,
+    create,
+    unlink,
+)
+
+
+@pytest.fixture
+def channel():
+    made = create(MIN_CAPACITY)
+    yield made
+    unlink(made)
+
+
+def test_both_sides_see_the_same_bytes_after_the_name_is_gone(channel):
+    other = attach(channel.name, channel.capacity)
+    unlink(channel)
+    assert not os.path.exists(os.path.join(_DIR, channel.name))
+    channel.buffer[:4] = torch.tensor([1, 2, 3, 4], dtype=torch.uint8)
+    assert other.buffer[:4].tolist() == [1, 2, 3, 4]
+
+
+def test_the_actor_maps_only_a_channel_file_of_this_user_and_size(channel, tmp_path):
+    for name in ("../../etc/passwd", "entrepot-dock-channel-x", channel.name + "0"):
+        with pytest.raises(InvalidArgumentError, match="is not a dock channel name"):
+            attach(name, MIN_CAPACITY)
+    with pytest.raises(InvalidArgumentError, match=f"is not a {2 * MIN_CAPACITY}-byte file"):
+        attach(channel.name, 2 * MIN_CAPACITY)
+    missing = "entrepot-dock-channel-" + "0" * 32
+    with pytest.raises(InvalidArgumentError, match="cannot be opened"):
+        attach(missing, MIN_CAPACITY)
+    assert not os.path.exists(os.path.join(_DIR, missing))  # nothing was created by the attempt
+    target = tmp_path / "target"
+    target.write_bytes(b"\0" * MIN_CAPACITY)
+    link = "entrepot-dock-channel-" + "1" * 32
+    os.symlink(target, os.path.join(_DIR, link))
+    try:
+        with pytest.raises(InvalidArgumentError, match="cannot be opened"):
+            attach(link, MIN_CAPACITY)  # a link is never followed, whatever it points at
+    finally:
+        os.unlink(os.path.join(_DIR, link))
+
+
+def test_the_table_hands_out_room_only_in_a_known_channel_large_enough(channel):
+    table = ChannelTable(limit=2)
+    assert table.room(None, 10) is None and table.room(channel.name, 10) is None
+    table.attach(channel.name, channel.capacity)
+    room = table.room(channel.name, 100)
+    assert room is not None and room.numel() == 100
+    room.fill_(7)
+    assert channel.buffer[:100].eq(7).all() and not channel.buffer[100].eq(7)
+    assert table.room(channel.name, channel.capacity + 1) is None
+    table.detach(channel.name)
+    assert table.room(channel.name, 100) is None and len(table) == 0
+
+
+def test_the_table_drops_its_least_recently_used_channel_past_its_limit():
+    made = [create(MIN_CAPACITY) for _ in range(3)]
+    try:
+        table = ChannelTable(limit=2)
+        table.attach(made[0].name, MIN_CAPACITY)
+        table.attach(made[1].name, MIN_CAPACITY)
+        assert table.room(made[0].name, 1) is not None  # used: made[1] is now the oldest
+        table.attach(made[2].name, MIN_CAPACITY)
+        assert len(table) == 2 and table.room(made[1].name, 1) is None
+        assert table.room(made[0].name, 1) is not None and table.room(made[2].name, 1) is not None
+    finally:
+        for each in made:
+            unlink(each)
+
+
+def test_capacity_leaves_room_to_grow_in_whole_mib():
+    assert capacity_for(0) == MIN_CAPACITY
+    assert capacity_for(MIN_CAPACITY) == 2 * MIN_CAPACITY  # 1.5 MiB rounded up
+    assert capacity_for(10 * MIN_CAPACITY) == 15 * MIN_CAPACITY
