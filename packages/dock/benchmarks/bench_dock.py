@@ -16,12 +16,19 @@ copy bandwidth (target >= 0.5), the Ray get also as a fraction of 1 GB/s (target
 beside, not instead: the get against the copy of its valid bytes plus a fill of its padding bytes
 (what any padded layout must write), and the minor page faults taken during the timed calls.
 
-    python bench_dock.py [--small] [--no-ray]
+One iteration's ratio moves by a few hundredths between runs on a shared machine, so the goal table
+takes `--steady N` more steady-state iterations of each layout (padded, packed, alternating) and of
+the Ray actor, and prints each ratio's median and range over them. The Ray client takes its replies
+through its same-node shared-memory channel (entrepot.dock._channel); beside it, interleaved, a
+client of the same actor with `channel=False` (every reply through Ray's object store).
+
+    python bench_dock.py [--small] [--no-ray] [--steady N]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import statistics
 import sys
@@ -176,6 +183,11 @@ def minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
+def _load() -> str:
+    """The 1, 5 and 15-minute load averages, for the record of a run on a shared machine."""
+    return ", ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def timed(fn: Callable[[], Any], into: list[float]) -> Any:
     start = time.perf_counter()
     out = fn()
@@ -325,11 +337,56 @@ def fmt_beside(name: str, t: Timings) -> str:
     )
 
 
+@dataclass
+class Steady:
+    """Per-iteration ratios of the steady-state iterations (see `steady_table`)."""
+
+    put: list[float] = field(default_factory=list)  # put / copy, from every in-process iteration
+    packed: list[float] = field(default_factory=list)  # packed get / copy
+    padded: list[float] = field(default_factory=list)  # padded get / copy
+    padded_fill: list[float] = field(default_factory=list)  # padded get / (copy + fill of its padding)
+    ray_gbps: list[float] = field(default_factory=list)  # Ray get GB/s (same-node channel)
+    ray_store_gbps: list[float] = field(default_factory=list)  # the same, replies through Ray's store
+
+    def add(self, t: Timings, layout: str) -> None:
+        self.put.append(t.put_copy_s / sum(t.put_s))
+        gets = sum(t.get_s)
+        if layout == "packed":
+            self.packed.append(t.get_copy_s / gets)
+        else:
+            self.padded.append(t.get_copy_s / gets)
+            self.padded_fill.append((t.get_copy_s + t.get_fill_s) / gets)
+
+
+def steady_table(steady: Steady) -> list[str]:
+    """Median and range of each goal ratio over the steady-state iterations."""
+
+    def row(name: str, values: list[float], target: str) -> str:
+        if not values:
+            return f"| {name:<53} | {'-':>6} | {'-':>11} | {0:3d} | {target:<6} |"
+        span = f"{min(values):.2f}-{max(values):.2f}"
+        return (
+            f"| {name:<53} | {statistics.median(values):6.2f} | {span:>11} | {len(values):3d} | {target:<6} |"
+        )
+
+    return [
+        row("in-process put / copy", steady.put, ">= 0.5"),
+        row("in-process packed get / copy (entrepot.grpo's stages)", steady.packed, ">= 0.5"),
+        row("in-process padded get / copy (MindSpeed-RL's layout)", steady.padded, ">= 0.5"),
+        row("padded get / (copy + fill of its padding)", steady.padded_fill, "-"),
+        row("Ray actor get, GB/s", steady.ray_gbps, ">= 1"),
+        row("Ray actor get, GB/s, no channel (Ray's object store)", steady.ray_store_gbps, "-"),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="128 prompts instead of 1,024 (a quick check)")
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray actor run")
+    parser.add_argument("--steady", type=int, default=5, help="steady iterations per layout and of Ray")
     args, _ = parser.parse_known_args()  # nox passes its posargs through
+    if args.steady < 1:
+        parser.error(f"--steady must be >= 1, got {args.steady}")
     torch.set_num_threads(1)
     num_prompts = 128 if args.small else 1024
     num_rows = num_prompts * N_SAMPLES
@@ -363,6 +420,13 @@ def main() -> None:
     small_dock.clear()
     packed = run_ours(small_dock, work, num_rows, bound, layout="packed")
     bounds.append(fmt_bound("4th iter., packed gets", packed))
+    goal = Steady()
+    goal.add(steady, "padded")
+    goal.add(packed, "packed")
+    for _ in range(args.steady - 1):
+        for layout in ("padded", "packed"):
+            small_dock.clear()
+            goal.add(run_ours(small_dock, work, num_rows, bound, layout=layout), layout)
     if not args.no_ray:
         import ray
 
@@ -378,6 +442,17 @@ def main() -> None:
             for _ in range(2):  # the third iteration: Ray's object store memory has been used once
                 client.clear()
                 remote_steady = run_ours(client, work, num_rows, bound)
+            goal.ray_gbps.append(remote_steady.get_bytes / sum(remote_steady.get_s) / 1e9)
+            # Baseline: the same actor, every reply through Ray's object store (no shared-memory
+            # channel), iterations interleaved with the channel's.
+            plain = RayDockClient(client.actor, channel=False)
+            for turn in range(args.steady):
+                for each, into in ((client, goal.ray_gbps), (plain, goal.ray_store_gbps)):
+                    if turn == 0 and each is client:
+                        continue  # its third iteration is already in
+                    each.clear()
+                    more = run_ours(each, work, num_rows, bound)
+                    into.append(more.get_bytes / sum(more.get_s) / 1e9)
         finally:
             ray.shutdown()
         rows.append(fmt_row("seed design, Ray actor", remote_base, None))
@@ -408,6 +483,11 @@ def main() -> None:
         "| run                        | get/(copy+fill) | put minor faults      | get minor faults      |"
     )
     _print_table(header, beside)
+    print()
+    print("Goal 3, steady state: each ratio's median and range over the steady iterations (the 3rd and")
+    print(f"{args.steady - 1} more of each layout, alternating; the put from all of them), load {_load()}:")
+    header = f"| {'ratio':<53} | median | {'min-max':>11} | {'n':>3} | target |"
+    _print_table(header, steady_table(goal))
 
     big_dock = GRPODock(1_000_000 // N_SAMPLES, N_SAMPLES)
     big = run_ours(big_dock, work, num_rows)
