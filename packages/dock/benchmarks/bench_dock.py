@@ -18,9 +18,9 @@ beside, not instead: the get against the copy of its valid bytes plus a fill of 
 
 One iteration's ratio moves by a few hundredths between runs on a shared machine, so the goal table
 takes `--steady N` more steady-state iterations of each layout (padded, packed, alternating) and of
-the Ray actor, and prints each ratio's median and range over them. The Ray client takes its replies
-through its same-node shared-memory channel (entrepot.dock._channel); beside it, interleaved, a
-client of the same actor with `channel=False` (every reply through Ray's object store).
+the Ray actor, and prints each ratio's median and range over them. The Ray client moves its puts and
+replies through its same-node shared-memory channel (entrepot.dock._channel); beside it, interleaved,
+a client of the same actor with `channel=False` (everything through Ray's object store).
 
     python bench_dock.py [--small] [--no-ray] [--steady N]
 """
@@ -347,6 +347,8 @@ class Steady:
     padded_fill: list[float] = field(default_factory=list)  # padded get / (copy + fill of its padding)
     ray_gbps: list[float] = field(default_factory=list)  # Ray get GB/s (same-node channel)
     ray_store_gbps: list[float] = field(default_factory=list)  # the same, replies through Ray's store
+    ray_put_gbps: list[float] = field(default_factory=list)  # Ray put GB/s (same-node channel)
+    ray_store_put_gbps: list[float] = field(default_factory=list)  # the same, through Ray's store
 
     def add(self, t: Timings, layout: str) -> None:
         self.put.append(t.put_copy_s / sum(t.put_s))
@@ -376,6 +378,8 @@ def steady_table(steady: Steady) -> list[str]:
         row("padded get / (copy + fill of its padding)", steady.padded_fill, "-"),
         row("Ray actor get, GB/s", steady.ray_gbps, ">= 1"),
         row("Ray actor get, GB/s, no channel (Ray's object store)", steady.ray_store_gbps, "-"),
+        row("Ray actor put, GB/s", steady.ray_put_gbps, "-"),
+        row("Ray actor put, GB/s, no channel (Ray's object store)", steady.ray_store_put_gbps, "-"),
     ]
 
 
@@ -443,16 +447,21 @@ def main() -> None:
                 client.clear()
                 remote_steady = run_ours(client, work, num_rows, bound)
             goal.ray_gbps.append(remote_steady.get_bytes / sum(remote_steady.get_s) / 1e9)
-            # Baseline: the same actor, every reply through Ray's object store (no shared-memory
+            goal.ray_put_gbps.append(remote_steady.put_bytes / sum(remote_steady.put_s) / 1e9)
+            # Baseline: the same actor, every call through Ray's object store (no shared-memory
             # channel), iterations interleaved with the channel's.
             plain = RayDockClient(client.actor, channel=False)
             for turn in range(args.steady):
-                for each, into in ((client, goal.ray_gbps), (plain, goal.ray_store_gbps)):
+                for each, gets, puts in (
+                    (client, goal.ray_gbps, goal.ray_put_gbps),
+                    (plain, goal.ray_store_gbps, goal.ray_store_put_gbps),
+                ):
                     if turn == 0 and each is client:
                         continue  # its third iteration is already in
                     each.clear()
                     more = run_ours(each, work, num_rows, bound)
-                    into.append(more.get_bytes / sum(more.get_s) / 1e9)
+                    gets.append(more.get_bytes / sum(more.get_s) / 1e9)
+                    puts.append(more.put_bytes / sum(more.put_s) / 1e9)
         finally:
             ray.shutdown()
         rows.append(fmt_row("seed design, Ray actor", remote_base, None))

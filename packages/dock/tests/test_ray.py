@@ -218,45 +218,57 @@ def _channel_files() -> list[str]:
     return [name for name in os.listdir(_channel_dir) if name.startswith("entrepot-dock-channel-")]
 
 
-def test_large_gets_come_through_the_shared_memory_channel_as_copies():
+def test_large_puts_and_gets_go_through_the_shared_memory_channel_as_copies():
     local = ExperienceDock(256, columns=["x", "id"], consumers=["c"])
     client = RayDockClient.launch(ExperienceDock, capacity=256, columns=["x", "id"], consumers=["c"])
-    plain = RayDockClient(client.actor, channel=False)  # the same actor, replies always through Ray
-    rows = torch.arange(256)
-    local.put(_long_rows(rows), rows)
-    client.put(_long_rows(rows), rows)
+    plain = RayDockClient(client.actor, channel=False)  # the same actor, always through Ray
+    for rows in (torch.arange(128), torch.arange(128, 256)):  # ~5 MB each
+        local.put(_long_rows(rows), rows)
+        client.put(_long_rows(rows), rows)
+    assert client.channel_puts == 1 and client.channel_capacity > 0  # the 1st put made the channel
     got = []
     for layout in ("padded", "packed", "padded"):
         want = local.get("c", ["x", "id"], 64, layout=layout)
         got.append((client.get("c", ["x", "id"], 64, layout=layout), want))
         _same_batch(*got[-1])
-    assert client.channel_gets == 2 and client.channel_capacity >= 64 * 4096 * 8  # the 1st came by Ray
-    for batch, want in got:  # batches are copies: later gets through the channel changed none of them
+    assert client.channel_gets == 3
+    for batch, want in got:  # batches are copies: later calls through the channel changed none
         _same_batch(batch, want)
     assert _channel_files() == []  # unlinked once both sides mapped it
     with pytest.raises(UnknownColumnError, match="'nope'"):
         client.get("c", ["nope"], 8)  # an error in the actor gives the channel back
-    _same_batch(plain.get("c", ["x", "id"], 32), local.get("c", ["x", "id"], 32))
+    with pytest.raises(UnknownColumnError, match="'nope'"):
+        client.put({"nope": [torch.ones(200_000)]}, [0])  # through the channel, refused there too
+    _same_batch(plain.get("c", ["x", "id"], 16), local.get("c", ["x", "id"], 16))
     assert plain.channel_capacity == 0 and plain.channel_gets == 0
-    packed = client.get("c", ["x", "id"], 32, layout="packed")
-    _same_batch(packed, local.get("c", ["x", "id"], 32, layout="packed"))
-    assert client.channel_gets == 3
+    packed = client.get("c", ["x", "id"], 16, layout="packed")
+    _same_batch(packed, local.get("c", ["x", "id"], 16, layout="packed"))
+    assert client.channel_gets == 4 and client.channel_puts == 1
 
 
-def test_a_reply_the_channel_cannot_take_comes_through_ray_and_a_new_channel_follows():
+def test_a_call_the_channel_cannot_take_goes_through_ray_and_a_new_channel_follows():
     local = ExperienceDock(512, columns=["x", "id"], consumers=["c"])
     client = RayDockClient.launch(ExperienceDock, capacity=512, columns=["x", "id"], consumers=["c"])
-    rows = torch.arange(512)
-    local.put(_long_rows(rows), rows)
-    client.put(_long_rows(rows), rows)
-    for count, via_channel in ((32, 0), (32, 1), (256, 1), (64, 2)):  # 256 rows outgrow the channel
+    for start in range(0, 448, 32):  # ~1.3 MB a put: the 1st through Ray, then a 2 MiB channel
+        rows = torch.arange(start, start + 32)
+        local.put(_long_rows(rows), rows)
+        client.put(_long_rows(rows), rows)
+    assert client.channel_puts == 13 and client.channel_capacity == 2 << 20
+    for count, via_channel in ((32, 1), (256, 1), (64, 2)):  # 256 rows outgrow the channel
         _same_batch(client.get("c", ["x", "id"], count), local.get("c", ["x", "id"], count))
         assert client.channel_gets == via_channel, count
     assert client.channel_capacity >= 256 * 4096 * 8
     ray.get(client.actor.detach_channel.remote(client._channel.name))  # as after an actor restart
-    for via_channel in (2, 3):  # through Ray once more, then through a new channel
-        _same_batch(client.get("c", ["x", "id"], 32), local.get("c", ["x", "id"], 32))
-        assert client.channel_gets == via_channel
+    rows = torch.arange(448, 480)
+    local.put(_long_rows(rows), rows)
+    client.put(_long_rows(rows), rows)  # refused through the unknown channel, sent through Ray
+    assert client.channel_puts == 13
+    rows = torch.arange(480, 512)
+    local.put(_long_rows(rows), rows)
+    client.put(_long_rows(rows), rows)  # through the new channel
+    assert client.channel_puts == 14
+    _same_batch(client.get("c", ["x", "id"], 160), local.get("c", ["x", "id"], 160))  # each row once
+    assert client.channel_gets == 3 and client.get("c", ["x"], 1) is None
     assert _channel_files() == []
 
 
@@ -275,6 +287,6 @@ def test_a_client_pickled_into_a_task_opens_its_own_channel():
     client = RayDockClient.launch(ExperienceDock, capacity=256, columns=["x", "id"], consumers=["c"])
     rows = torch.arange(256)
     client.put(_long_rows(rows), rows)
-    assert client.get("c", ["x", "id"], 64) is not None and client.channel_capacity > 0
+    assert client.get("c", ["x", "id"], 64) is not None and client.channel_gets == 1
     seen, channel_gets = ray.get(_large_gets.remote(client, 64))
     assert sorted(seen) == list(range(64, 256)) and channel_gets == 2  # its 1st get came through Ray

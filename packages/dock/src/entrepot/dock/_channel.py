@@ -1,14 +1,15 @@
-"""A same-node shared-memory channel that carries a Ray dock get's reply past Ray's object store.
+"""A same-node shared-memory channel that carries a Ray dock's puts and gets past Ray's object store.
 
 Every object Ray stores faults in all of its pages again in the process that writes it: a 13.4 MB
 reply took ~3,300 minor faults and 5-6 ms in `ray.put` here, against ~1 ms for a copy of the same
 bytes. When a `RayDockClient` runs on its actor's node, the client instead creates one file in shared
-memory (/dev/shm) and both processes map it once; the actor gathers a get's rows straight into it,
-and Ray carries only the call and the small layout. The client unlinks the file as soon as the actor
-has mapped it, so no file outlives the two processes, whichever dies first.
+memory (/dev/shm) and both processes map it once: the client writes a put's rows into it and the
+actor a get's, and Ray carries only the call and the small layout. The client unlinks the file as
+soon as the actor has mapped it, so no file outlives the two processes, whichever dies first.
 
-One get uses a channel at a time (the client holds a lock until its batch is copied out), so the
-actor writes into a channel only while its client waits for that reply.
+One call uses a channel at a time: the client holds a lock from writing a put (or sending a get)
+until the actor has stored the rows (or its batch is copied out), so neither side ever reads bytes
+the other is still writing.
 """
 
 from __future__ import annotations

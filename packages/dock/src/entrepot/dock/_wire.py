@@ -77,6 +77,16 @@ def encode_columns(
     columns: Mapping[str, ColumnData], dtypes: Mapping[str, torch.dtype] | None = None
 ) -> tuple[WireLayout, torch.Tensor]:
     """A put's columns into one buffer, each in `dtypes[name]` (default: its own); the rows' only copy."""
+    layout = columns_layout(columns, dtypes)
+    buffer = torch.empty(layout.nbytes, dtype=torch.uint8)
+    write_columns(columns, layout, buffer)
+    return layout, buffer
+
+
+def columns_layout(
+    columns: Mapping[str, ColumnData], dtypes: Mapping[str, torch.dtype] | None = None
+) -> WireLayout:
+    """The wire layout of a put's columns, before any byte is copied (to pick their buffer)."""
     specs: list[tuple[str, torch.dtype, int]] = []
     for name, column in columns.items():
         dtype = column.dtype if dtypes is None else dtypes[name]
@@ -84,14 +94,16 @@ def encode_columns(
             specs.append((f"s:{name}", dtype, column.numel))
         else:
             specs += [(f"d:{name}", dtype, column.numel), (f"l:{name}", torch.int64, column.lengths.numel())]
-    layout = plan(specs)
-    buffer = torch.empty(layout.nbytes, dtype=torch.uint8)
+    return plan(specs)
+
+
+def write_columns(columns: Mapping[str, ColumnData], layout: WireLayout, buffer: torch.Tensor) -> None:
+    """Copy a put's columns into `buffer` (uint8 [layout.nbytes]), as `columns_layout` laid them out."""
     out = views(layout, buffer)
     for name, column in columns.items():
         column.copy_into(out[f"s:{name}" if column.lengths is None else f"d:{name}"])
         if column.lengths is not None:
             out[f"l:{name}"].copy_(column.lengths)
-    return layout, buffer
 
 
 def encode_taken(taken: Taken) -> tuple[WireLayout, torch.Tensor]:

@@ -8,9 +8,9 @@ The actor is threaded: gets (which may block) run in a "get" concurrency group o
 threads, puts and control calls in their own small group, so blocked getters never starve a put.
 It asks for a fraction of a CPU. Data crosses Ray as one uint8 numpy buffer per call (see _wire):
 Ray stores it in the object store once and the receiver maps it without copying; nothing is
-pickled per row or per column. A client on the actor's node takes its get replies through a
-shared-memory channel instead (see _channel): the actor gathers the rows straight into memory the
-client maps, skipping Ray's object store. The client handle is picklable: pass it to other actors.
+pickled per row or per column. A client on the actor's node moves its large puts and get replies
+through a shared-memory channel instead (see _channel): memory both processes map, so the rows skip
+Ray's object store. The client handle is picklable: pass it to other actors.
 
 Anyone who can reach the Ray cluster can call the actor, so it runs only what a client needs: the
 methods in `CALLABLE_METHODS` (a private method or an unknown name is refused), and `save` / `load`
@@ -41,7 +41,15 @@ from entrepot.dock._errors import DockStateError, InvalidArgumentError
 from entrepot.dock._grpo import count_prompts
 from entrepot.dock._inputs import normalize_column, normalize_put
 from entrepot.dock._leases import Lease
-from entrepot.dock._wire import WireLayout, as_uint8, decode, encode_columns, taken_layout, write_taken
+from entrepot.dock._wire import (
+    WireLayout,
+    as_uint8,
+    columns_layout,
+    decode,
+    taken_layout,
+    write_columns,
+    write_taken,
+)
 
 __all__ = ["CALLABLE_METHODS", "DockActor", "RayDockClient"]
 
@@ -72,11 +80,30 @@ class DockActor:
 
     @ray.method(concurrency_group="put")
     def put_wire(
-        self, layout: WireLayout, buffer: Any, indexes: torch.Tensor, completed: Any, ack: Lease | None = None
-    ) -> None:
-        _, raw, _ = decode(layout, as_uint8(buffer))
+        self,
+        layout: WireLayout,
+        buffer: Any,
+        indexes: torch.Tensor,
+        completed: Any,
+        ack: Lease | None = None,
+        channel: str | None = None,
+    ) -> bool:
+        """Store a put's rows from `buffer`, or (buffer None) from the client's `channel`.
+
+        Returns False, storing nothing, when the channel is not one this actor has mapped (it was
+        restarted, or dropped the channel past its limit): the client sends the rows through Ray.
+        """
+        if buffer is None:
+            room = self._channels.room(channel, layout.nbytes)
+            if room is None:
+                return False
+            source = room
+        else:
+            source = as_uint8(buffer)
+        _, raw, _ = decode(layout, source)
         data = {name: flat if lengths is None else (flat, lengths) for name, (flat, lengths) in raw.items()}
         self._dock.put(data, indexes, completed=completed, ack=ack)
+        return True
 
     @ray.method(concurrency_group="get")
     def get_wire(
@@ -149,11 +176,11 @@ class DockActor:
 class RayDockClient:
     """DockClient for a dock living in a `DockActor`; same arguments and results as ExperienceDock.
 
-    With `channel` (the default), a client on the actor's node takes get replies of 1 MiB or more
-    through a shared-memory channel (see `_channel`), created after the first such reply and grown
-    when a reply outgrows it; elsewhere, or with `channel=False`, through Ray's object store.
-    `channel_gets` counts the gets that came through the channel. Pickling drops the channel: each
-    process makes its own.
+    With `channel` (the default), a client on the actor's node moves puts and get replies of 1 MiB
+    or more through a shared-memory channel (see `_channel`), created after the first such call and
+    grown when one outgrows it; elsewhere, or with `channel=False`, through Ray's object store.
+    `channel_puts` / `channel_gets` count the calls that used the channel. Pickling drops the
+    channel: each process makes its own.
     """
 
     def __init__(self, actor: Any, channel: bool = True) -> None:
@@ -163,6 +190,7 @@ class RayDockClient:
         self._channel_lock = threading.Lock()  # one get at a time reads the channel
         self._forget_channel: weakref.finalize | None = None
         self.channel_gets = 0
+        self.channel_puts = 0
 
     def __getstate__(self) -> dict[str, Any]:
         return {"actor": self.actor, "channel": self._use_channel}
@@ -197,8 +225,8 @@ class RayDockClient:
             name: optional Ray actor name, so other processes can `ray.get_actor` it.
             files_root: the one directory `save` / `load` may use (paths resolve inside it; relative
                 ones are taken from it); None refuses both.
-            channel: take large get replies through a shared-memory channel when this process runs
-                on the actor's node (see the class docstring); False: always through Ray.
+            channel: move large puts and get replies through a shared-memory channel when this
+                process runs on the actor's node (see the class docstring); False: always through Ray.
             dock_kwargs: the dock's constructor arguments.
         """
         actor_cls = ray.remote(num_cpus=num_cpus, concurrency_groups={"put": 4, "get": max_concurrency})(
@@ -220,13 +248,27 @@ class RayDockClient:
         completed: Sequence[bool] | torch.Tensor | None = None,
         ack: Lease | None = None,
     ) -> None:
-        """As ExperienceDock.put; the data is unpadded here and shipped as one buffer."""
+        """As ExperienceDock.put; the data is unpadded here and shipped as one buffer (the caller's
+        rows are copied once, into the channel when they fit it, else into a buffer Ray carries)."""
         rows = torch.as_tensor(indexes).reshape(-1)
         data = dict(data.items())  # a TensorDict iterates over rows, not keys
         columns = normalize_put(data, lengths, rows.numel(), {})
-        layout, buffer = encode_columns(columns)  # the caller's rows are copied once, into the wire buffer
+        layout = columns_layout(columns)
         done = None if completed is None else torch.as_tensor(completed, dtype=torch.bool)
+        channel = self._claim_channel()
+        try:
+            if channel is not None and channel.capacity >= layout.nbytes:
+                write_columns(columns, layout, channel.buffer.narrow(0, 0, layout.nbytes))
+                if ray.get(self.actor.put_wire.remote(layout, None, rows, done, ack, channel.name)):
+                    self.channel_puts += 1
+                    return
+        finally:
+            if channel is not None:
+                self._channel_lock.release()
+        buffer = torch.empty(layout.nbytes, dtype=torch.uint8)
+        write_columns(columns, layout, buffer)
         ray.get(self.actor.put_wire.remote(layout, buffer.numpy(), rows, done, ack))
+        self._fit_channel(layout.nbytes, channel)  # `channel`: too small, or unknown to the actor
 
     def get(
         self,
@@ -294,20 +336,22 @@ class RayDockClient:
         return self._channel
 
     def _fit_channel(self, nbytes: int, offered: _channel.Channel | None) -> None:
-        """After a reply of `nbytes` came through Ray: make (or grow) the channel for the next ones.
+        """After a put or a get reply of `nbytes` went through Ray: make (or grow) the channel.
 
-        A reply that came through Ray although a channel was offered did not fit it, or the actor
-        no longer knows it (restarted, or it dropped it past its limit): both call for a new one.
+        One that went through Ray although a channel was offered did not fit it, or the actor no
+        longer knows it (restarted, or it dropped it past its limit): both call for a new one.
         """
         if not self._use_channel or nbytes < _channel.MIN_CAPACITY:
             return
-        current = self._channel
-        if offered is None and current is not None and current.capacity >= nbytes:
-            return  # another get held the channel; it still fits
         if not self._channel_lock.acquire(blocking=False):
-            return  # another get is using it: the next reply will tell again
+            return  # another call is using the channel: the next one will tell again
         try:
-            self._replace_channel(_channel.capacity_for(nbytes))
+            current = self._channel
+            if current is not None and current is not offered and current.capacity >= nbytes:
+                return  # this call found the channel busy (or it was replaced since): it still fits
+            # Never smaller than the channel it replaces (the actor may just have forgotten that one).
+            floor = 0 if current is None else current.capacity
+            self._replace_channel(max(_channel.capacity_for(nbytes), floor))
         finally:
             self._channel_lock.release()
 
@@ -335,6 +379,7 @@ class RayDockClient:
             _channel.unlink(channel)  # both sides have it mapped (or the actor never will)
         self._channel = channel
         self._forget_channel = weakref.finalize(self, _detach_quietly, self.actor, channel.name)
+        self._forget_channel.atexit = False  # at exit the actor goes too, or keeps it until its limit
 
     def ack(self, lease: Lease, indexes: Sequence[int] | torch.Tensor | None = None) -> None:
         """ExperienceDock.ack in the actor."""
@@ -420,5 +465,7 @@ def _copied_batch(
 
 def _detach_quietly(actor: Any, name: str) -> None:
     """Ask the actor to unmap channel `name` (fire and forget: the actor or Ray may be gone)."""
-    with contextlib.suppress(Exception):  # at interpreter exit Ray may already be shut down
+    if not ray.is_initialized():
+        return  # Ray was shut down (a call now would start a new local Ray)
+    with contextlib.suppress(Exception):  # the actor may be gone
         actor.detach_channel.remote(name)
