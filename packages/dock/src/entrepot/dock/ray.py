@@ -187,7 +187,7 @@ class RayDockClient:
         self.actor = actor
         self._use_channel = channel
         self._channel: _channel.Channel | None = None
-        self._channel_lock = threading.Lock()  # one get at a time reads the channel
+        self._channel_lock = threading.Lock()  # held by the one call using the channel
         self._forget_channel: weakref.finalize | None = None
         self.channel_gets = 0
         self.channel_puts = 0
@@ -327,10 +327,10 @@ class RayDockClient:
         return batch if granted is None else replace(batch, lease=granted)
 
     def _claim_channel(self) -> _channel.Channel | None:
-        """The channel, locked for one get; None when there is none or another get holds it."""
+        """The channel, locked for one call; None when there is none or another call holds it."""
         if self._channel is None or not self._channel_lock.acquire(blocking=False):
             return None
-        if self._channel is None:  # replaced to nothing while this thread waited for the lock
+        if self._channel is None:  # dropped between the check and the lock
             self._channel_lock.release()
             return None
         return self._channel
