@@ -33,7 +33,7 @@ _DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 _PREFIX = "entrepot-dock-channel-"
 _NAME = re.compile(re.escape(_PREFIX) + "[0-9a-f]{32}")
 MIN_CAPACITY = 1 << 20
-"""Replies smaller than this stay on Ray (they travel inside the call's own message anyway)."""
+"""Puts and replies smaller than this stay on Ray: its fixed cost per object matters less there."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class Channel:
 
 
 def capacity_for(nbytes: int) -> int:
-    """The capacity a channel gets for replies of `nbytes`: room to grow by half, whole MiB."""
+    """The capacity a channel gets for calls of `nbytes`: room to grow by half, in whole MiB."""
     return max(MIN_CAPACITY, -(-(nbytes * 3 // 2) // MIN_CAPACITY) * MIN_CAPACITY)
 
 
