@@ -1,9 +1,10 @@
 """megatron-core as the actor's training engine, on CPU with gloo (its supported CPU mode).
 
 Parity with the HF module (same weights): log-probs at TP2, PP2, TP2 x PP2 and PP2 x VPP2 (fp32,
-<= 1e-4) and the parameters after one clipped update (<= 1e-5); then `engine.train=megatron` end to
-end through Ray at TP2 and at PP2 x VPP2 (train -> TP1 rollout, resharded and checksummed every
-step, every offload key on) and its exact resume.
+<= 1e-4) and the parameters after one clipped update (<= 1e-5; 1e-4 where fp32 summation order
+meets Adam's first step, see test_megatron_matches_the_hf_module); then `engine.train=megatron`
+end to end through Ray at TP2 and at PP2 x VPP2 (train -> TP1 rollout, resharded and checksummed
+every step, every offload key on) and its exact resume.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ QWEN2 = ("model.architecture=qwen2", "model.num_heads=4", "model.num_kv_heads=2"
 
 @pytest.mark.parametrize(
     ("tp", "pp", "model", "param_tol"),
-    [(2, 1, (), 1e-5), (1, 2, (), 1e-4), (2, 2, (), 1e-5), (2, 2, QWEN2, 1e-4), (1, 2, VPP2, 1e-5)],
+    [(2, 1, (), 1e-5), (1, 2, (), 1e-4), (2, 2, (), 1e-5), (2, 2, QWEN2, 1e-4), (1, 2, VPP2, 1e-4)],
     ids=["tp2", "pp2", "tp2xpp2", "qwen2-tp2xpp2", "pp2xvpp2"],
 )
 def test_megatron_matches_the_hf_module(
@@ -42,7 +43,8 @@ def test_megatron_matches_the_hf_module(
     Qwen2's and GPT-2 PP2's parameter tolerances are looser: Adam's first step moves each element
     by about lr x g / |g|, so an element whose gradient is ~1e-10 (found in Qwen2's o_proj) turns
     fp32 summation-order noise into differences of a few 1e-5 (lr 1e-3; GPT-2 at PP2: 1.3e-5 on
-    one element); their gradient norms still agree to 1e-5.
+    one element; at PP2 x VPP2 on an Intel Xeon host, whose kernels sum in another order than the
+    AMD host's: 1.8e-5); their gradient norms still agree to 1e-5 (3.6e-7 there).
     """
     import tests_support_megatron as support
 
