@@ -21,7 +21,9 @@ vLLM's own copy into its parameters.
 
 from __future__ import annotations
 
+import functools
 import os
+import secrets
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -98,6 +100,38 @@ def _external_launcher_env() -> None:
     os.environ.update(RANK=rank, LOCAL_RANK=rank, WORLD_SIZE=str(dist.get_world_size()))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
+    _own_cpu_shm_names()
+
+
+def _own_cpu_shm_names() -> None:
+    """Give vLLM's CPU tensor-parallel shared memory names of this world's own (every rank calls it).
+
+    vLLM's CPU communicator names its /dev/shm segments after VLLM_DIST_IDENT, which its worker takes
+    from the init method: "env://" under ``external_launcher``, so the same names in every run. A run
+    whose ranks were killed (Ray kills actors without running destructors) leaves them behind, and the
+    next run's TP group fails with "create shm in SHMManager failed. errno: 17". Rank 0's random
+    token, broadcast to every rank (the names must agree), prefixes them instead. Left as it is where
+    vLLM has no such communicator (another layout of vLLM's code).
+    """
+    try:
+        from vllm.distributed.device_communicators import cpu_communicator
+    except ImportError:
+        return
+    shm: Any = getattr(cpu_communicator, "_CPUSHMDistributed", None)
+    make = None if shm is None else shm.__dict__.get("make_group_name")
+    if not isinstance(make, staticmethod):
+        return
+    import torch.distributed as dist
+
+    token = [secrets.token_hex(8) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(token, src=0)
+    original = getattr(make.__func__, "__wrapped__", make.__func__)  # not our wrapper of a former run
+
+    @functools.wraps(original)
+    def make_group_name(communicator: Any) -> str:
+        return f"entrepot-{token[0]}-{original(communicator).lstrip('/')}"  # no '/' inside a shm name
+
+    shm.make_group_name = staticmethod(make_group_name)
 
 
 class VllmRolloutEngine(VllmInferenceEngine):
