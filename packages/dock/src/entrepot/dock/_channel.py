@@ -57,8 +57,11 @@ def create(capacity: int) -> Channel:
     """A new channel file of `capacity` bytes, mapped here (the client's side).
 
     The space is reserved at once (`posix_fallocate`), so a full /dev/shm fails here with OSError
-    instead of a SIGBUS at the first write into a page it could not back.
+    instead of a SIGBUS at the first write into a page it could not back. OSError too off POSIX: the
+    client then keeps every call on Ray.
     """
+    if os.name != "posix":
+        raise OSError("no shared-memory channel on this platform (POSIX only)")  # Ray carries the calls
     name = _PREFIX + secrets.token_hex(16)
     path = os.path.join(_DIR, name)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
