@@ -294,6 +294,26 @@ class _RemoteCalls:
         return lambda *args, **kwargs: ray.get(method.remote(*args, **kwargs))
 
 
+def ray_put_cost(nbytes: int, repeats: int = 20) -> tuple[float, float, int]:
+    """Median seconds of one `ray.put` of an `nbytes` array and of a copy of it, and the put's minor
+    page faults: what the Ray actor's channel takes off a call (needs Ray initialised)."""
+    import numpy as np
+    import ray
+
+    src = np.ones(nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    puts: list[float] = []
+    copies: list[float] = []
+    faults: list[int] = []
+    refs: list[Any] = []
+    for _ in range(repeats):
+        before = minor_faults()
+        refs = [*refs[-3:], timed(lambda: ray.put(src), puts)]  # freed objects' memory is reused
+        faults.append(minor_faults() - before)
+        timed(lambda: np.copyto(dst, src), copies)
+    return statistics.median(puts), statistics.median(copies), int(statistics.median(faults))
+
+
 def tiny_get_cost(dock: GRPODock, calls: int = 64) -> float:
     """Median seconds of an 8-row, 1-scalar-column get (selection overhead, little data)."""
     out: list[float] = []
@@ -462,6 +482,8 @@ def main() -> None:
                     more = run_ours(each, work, num_rows, bound)
                     gets.append(more.get_bytes / sum(more.get_s) / 1e9)
                     puts.append(more.put_bytes / sum(more.put_s) / 1e9)
+            get_bytes = remote_steady.get_bytes // len(remote_steady.get_s)
+            put_s, copy_s, put_faults = ray_put_cost(get_bytes)
         finally:
             ray.shutdown()
         rows.append(fmt_row("seed design, Ray actor", remote_base, None))
@@ -497,6 +519,12 @@ def main() -> None:
     print(f"{args.steady - 1} more of each layout, alternating; the put from all of them), load {_load()}:")
     header = f"| {'ratio':<53} | median | {'min-max':>11} | {'n':>3} | target |"
     _print_table(header, steady_table(goal))
+    if not args.no_ray:
+        print(
+            f"What the channel skips: one ray.put of a {get_bytes / 1e6:.1f} MB array (a get's bytes) "
+            f"took {1e3 * put_s:.2f} ms and {put_faults} minor faults ({get_bytes // 4096} pages of "
+            f"4 KiB), a copy of it {1e3 * copy_s:.2f} ms: {put_s / copy_s:.1f}x (medians of 20)."
+        )
 
     big_dock = GRPODock(1_000_000 // N_SAMPLES, N_SAMPLES)
     big = run_ours(big_dock, work, num_rows)

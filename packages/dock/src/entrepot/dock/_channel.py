@@ -1,11 +1,13 @@
 """A same-node shared-memory channel that carries a Ray dock's puts and gets past Ray's object store.
 
-Every object Ray stores faults in all of its pages again in the process that writes it: a 13.4 MB
-reply took ~3,300 minor faults and 5-6 ms in `ray.put` here, against ~1 ms for a copy of the same
-bytes. When a `RayDockClient` runs on its actor's node, the client instead creates one file in shared
-memory (/dev/shm) and both processes map it once: the client writes a put's rows into it and the
-actor a get's, and Ray carries only the call and the small layout. The client unlinks the file as
-soon as the actor has mapped it, so no file outlives the two processes, whichever dies first.
+Ray's object store costs more than a copy per object: the writer creates and seals an object for
+every call, and depending on the process's state it faults in every page of it again
+(`bench_dock.py` prints one `ray.put` of a get's bytes against a copy, and the Ray calls with and
+without this channel). When a `RayDockClient` runs on its actor's node, the client instead creates
+one file in shared memory (/dev/shm) and both processes map it once: the client writes a put's rows
+into it and the actor a get's, and Ray carries only the call and the small layout. The client
+unlinks the file as soon as the actor has mapped it, so no file outlives the two processes,
+whichever dies first.
 
 One call uses a channel at a time: the client holds a lock from writing a put (or sending a get)
 until the actor has stored the rows (or its batch is copied out), so neither side ever reads bytes

@@ -93,13 +93,9 @@ class DockActor:
         Returns False, storing nothing, when the channel is not one this actor has mapped (it was
         restarted, or dropped the channel past its limit): the client sends the rows through Ray.
         """
-        if buffer is None:
-            room = self._channels.room(channel, layout.nbytes)
-            if room is None:
-                return False
-            source = room
-        else:
-            source = as_uint8(buffer)
+        source = self._channels.room(channel, layout.nbytes) if buffer is None else as_uint8(buffer)
+        if source is None:
+            return False
         _, raw, _ = decode(layout, source)
         data = {name: flat if lengths is None else (flat, lengths) for name, (flat, lengths) in raw.items()}
         self._dock.put(data, indexes, completed=completed, ack=ack)
