@@ -71,6 +71,29 @@ def test_learned_dtype_and_kind_are_kept():
         dock.put({"lp": [torch.ones(1)]}, [1])
 
 
+NARROW_FORMS = {
+    "packed": lambda rows: (torch.cat(rows), torch.tensor([len(r) for r in rows])),
+    "padded": lambda rows: (torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), torch.tensor([2, 0, 3])),
+    "padded, every other column": lambda rows: (
+        torch.nn.utils.rnn.pad_sequence(rows, batch_first=True).repeat_interleave(2, dim=1)[:, ::2],
+        torch.tensor([2, 0, 3]),
+    ),
+    "list": lambda rows: rows,
+}
+
+
+@pytest.mark.parametrize("form", NARROW_FORMS)
+def test_narrow_rows_are_widened_in_every_form(form):
+    """A put converts to the stored dtype before it changes anything, whatever form its rows come in."""
+    dock = ExperienceDock(4, columns={"ids": ColumnSpec(torch.int64)}, consumers=["c"])
+    rows = [torch.tensor([5, -6], dtype=torch.int16), torch.tensor([], dtype=torch.int16),
+            torch.tensor([7, 8, -9], dtype=torch.int16)]  # fmt: skip
+    dock.put({"ids": NARROW_FORMS[form](rows)}, [3, 0, 1])
+    batch = dock.peek(["ids"], [3, 0, 1], layout="packed")
+    assert batch.data["ids"].dtype == torch.int64
+    assert batch.data["ids"].tolist() == [5, -6, 7, 8, -9] and batch.lengths["ids"].tolist() == [2, 0, 3]
+
+
 def test_rewrite_replaces_row_and_reclaims_space(dock, make_rows):
     for round_ in range(50):
         dock.put({"tokens": make_rows([100] * 4, start=round_)}, [0, 1, 2, 3])

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from entrepot.dock._leases import Lease
-from entrepot.dock._rowcopy import RowSource, pad_rows
+from entrepot.dock._rowcopy import PaddedCopy, RowSource
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
@@ -109,6 +109,7 @@ def build_batch(
             flat[name] = rows
         return Batch(indexes, flat, lengths, layout, ages)
     columns: dict[str, torch.Tensor] = {}
+    copies: dict[str, PaddedCopy] = {}  # every column's copy made before any runs (see PaddedCopy)
     for name, (rows, lens) in raw.items():
         if lens is None:
             assert isinstance(rows, torch.Tensor)
@@ -117,5 +118,8 @@ def build_batch(
             columns[name] = torch.empty((0, 0), dtype=rows.dtype)
         else:
             source = rows if isinstance(rows, RowSource) else RowSource.packed(rows, lens)
-            columns[name] = pad_rows(source, pad_value, pad_multiple)
-    return Batch(indexes, columns, lengths, layout, ages)
+            copies[name] = PaddedCopy(source, pad_value, pad_multiple)
+    for name, copy in copies.items():
+        copy.run()
+        columns[name] = copy.out
+    return Batch(indexes, {name: columns[name] for name in raw}, lengths, layout, ages)

@@ -152,7 +152,7 @@ class SequenceColumn:
         return self.allocated * self.segments[0].element_size()
 
     def write(self, rows: torch.Tensor, source: Source, lengths: torch.Tensor, ready: torch.Tensor) -> None:
-        """Append the rows' values back to back and point `rows` at them.
+        """Append the rows' values back to back and point `rows` at them (`reserve`, then the copy).
 
         Args:
             rows: int64 [B] row indexes (distinct).
@@ -161,20 +161,34 @@ class SequenceColumn:
             ready: bool [capacity] this column's ready bits before the write (for garbage accounting).
         """
         total = source.numel() if isinstance(source, torch.Tensor) else source.numel
-        self.live -= int(self.lengths.index_select(0, rows).sum())  # 0 where not ready: see forget
-        if self.used + total > self.segments[-1].numel():
-            self._make_room(total, ready, rows)
-        target = self.segments[-1].narrow(0, self.used, total)
+        target = self.reserve(rows, lengths, total, ready)
         if isinstance(source, torch.Tensor):
             target.copy_(source)
         else:
             source.copy_into(target)
+
+    def reserve(
+        self, rows: torch.Tensor, lengths: torch.Tensor, total: int, ready: torch.Tensor
+    ) -> torch.Tensor:
+        """Point `rows` at `total` fresh elements after the last write and return them, for the caller
+        to fill before anyone reads the rows (the dock does so under its lock).
+
+        Bookkeeping and copy are apart so that a put can do the bookkeeping of all its columns before
+        it moves any bulk bytes: after a copy of a few MiB, the small tensor ops that follow run from
+        cold caches (measured: a 256-element cumsum took 34-46 us after a 1-4 MiB memcpy, 1.4 us
+        before), and this way they pay that once per put, not once per column.
+        """
+        self.live -= int(self.lengths.index_select(0, rows).sum())  # 0 where not ready: see forget
+        if self.used + total > self.segments[-1].numel():
+            self._make_room(total, ready, rows)
+        target = self.segments[-1].narrow(0, self.used, total)
         self.offsets.index_copy_(
             0, rows, torch.cumsum(lengths, 0).sub_(lengths).add_(self.bases[-1] + self.used)
         )
         self.lengths.index_copy_(0, rows, lengths)
         self.used += total
         self.live += total
+        return target
 
     def _make_room(self, incoming: int, ready: torch.Tensor, rows: torch.Tensor) -> None:
         """A new segment: empty and as large as all so far, or holding the compacted live rows."""

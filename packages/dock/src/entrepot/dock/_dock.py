@@ -206,8 +206,11 @@ class ExperienceDock(DockLifecycle):
                 self._leases.held_rows(ack, rows)
             for name, column in columns.items():
                 self._check_column(name, column)
-            for name, column in columns.items():
-                self._write(name, rows, column)
+            # Conversions allocate, so they come before any change; then the bookkeeping of every
+            # column; the bulk copies last (see SequenceColumn.reserve): nothing left that can fail.
+            columns = {name: column.to(self._stored_dtype(name, column)) for name, column in columns.items()}
+            copies = [self._write(name, rows, column) for name, column in columns.items()]
+            pending = [copy for copy in copies if copy is not None]
             if ack is not None:
                 self._ack_rows(ack, rows)
             self._num_live += rows.numel() - int(self._live.index_select(0, rows).sum())
@@ -216,6 +219,8 @@ class ExperienceDock(DockLifecycle):
                 self._mark_completed(rows, done)
             self._counts["puts"] += 1
             self._counts["rows_put"] += rows.numel()
+            for target, column in pending:
+                column.copy_into(target)
             self._cond.notify_all()
 
     def _as_completed(self, completed: Any, num_rows: int) -> torch.Tensor | None:
@@ -247,18 +252,29 @@ class ExperienceDock(DockLifecycle):
         if dtype is not None and not is_lossless(column.dtype, dtype):
             raise LossyDtypeError(name, str(column.dtype), str(dtype))
 
-    def _write(self, name: str, rows: torch.Tensor, column: ColumnData) -> None:
+    def _stored_dtype(self, name: str, column: ColumnData) -> torch.dtype:
+        """The dtype column `name` stores (`column`'s own where the store is not made yet)."""
+        store = self._stores[name]
+        return store.dtype if store is not None else self._specs[name].dtype or column.dtype
+
+    def _write(
+        self, name: str, rows: torch.Tensor, column: ColumnData
+    ) -> tuple[torch.Tensor, ColumnData] | None:
+        """Store a scalar column, or make room for a sequence column's rows and return (room, rows): the
+        copy still to do."""
         store = self._stores[name]
         if store is None:
             spec = ColumnSpec(self._specs[name].dtype or column.dtype, column.scalar)
             store = self._stores[name] = self._make_store(spec)
         c = self._column_index[name]
+        copy = None
         if isinstance(store, ScalarColumn):
             store.write(rows, column.flat)
         else:
             assert column.lengths is not None and isinstance(store, SequenceColumn)  # checked above
-            store.write(rows, column, column.lengths, self._ready[c])
+            copy = (store.reserve(rows, column.lengths, column.numel, self._ready[c]), column)
         self._ready[c].index_fill_(0, rows, True)
+        return copy
 
     # ------------------------------------------------------------------ get
 

@@ -13,6 +13,7 @@ scalar columns.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -65,12 +66,40 @@ class ColumnData:
         assert self._pieces  # a column of zero rows is built with a flat tensor
         return self._pieces[0].dtype
 
-    @property
+    @cached_property
     def numel(self) -> int:
         if self._flat is not None:
             return self._flat.numel()
         assert self.lengths is not None
         return int(self.lengths.sum())
+
+    def to(self, dtype: torch.dtype) -> ColumnData:
+        """This column with its rows in `dtype`, on the CPU and contiguous: `copy_into` is then memcpys only.
+
+        Itself when that holds already (the usual case); else converted copies (this allocates, so a put
+        does it before it changes anything).
+        """
+        if self._flat is not None:
+            flat = self._flat
+            if _plain(flat, dtype):
+                return self
+            return ColumnData(flat.to("cpu", dtype).contiguous(), self.lengths)
+        if self._padded is not None:
+            padded = self._padded
+            if _plain(padded, dtype):
+                return self
+            return ColumnData(None, self.lengths, padded=padded.to("cpu", dtype).contiguous())
+        if self._rows is not None:
+            rows = self._rows
+            if all(_plain(source, dtype) for source in rows.sources):
+                return self
+            sources = [source.to("cpu", dtype).contiguous() for source in rows.sources]
+            converted = RowSource(sources, rows.which, rows.starts, rows.lengths)
+            return ColumnData(None, self.lengths, rows=converted)
+        assert self._pieces is not None
+        if all(piece.dtype == dtype and piece.device.type == "cpu" for piece in self._pieces):
+            return self
+        return ColumnData(None, self.lengths, [piece.to("cpu", dtype) for piece in self._pieces])
 
     @property
     def flat(self) -> torch.Tensor:
@@ -114,6 +143,11 @@ class ColumnData:
         else:
             assert self._flat is not None
             out.copy_(self._flat)
+
+
+def _plain(tensor: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether `tensor` can be memcpy'd as rows of `dtype` as it is."""
+    return tensor.dtype == dtype and tensor.device.type == "cpu" and tensor.stride(-1) == 1
 
 
 def as_index_tensor(indexes: Any, capacity: int) -> torch.Tensor:

@@ -93,26 +93,48 @@ def gather_into(rows: RowSource, out: torch.Tensor) -> None:
 
 def pad_rows(rows: RowSource, pad_value: float = 0, pad_multiple: int = 1) -> torch.Tensor:
     """[B, L] right-padded copy of the rows; L = the longest row rounded up to `pad_multiple`."""
-    which, starts, sizes = _rows(rows)
-    width = -(-max(sizes, default=0) // pad_multiple) * pad_multiple
-    if rows.sources[0].device.type != "cpu":
-        views = [rows.sources[j][s : s + n] for j, s, n in zip(which, starts, sizes, strict=True)]
-        return pad(views, pad_value, pad_multiple)[0]
-    out = torch.empty((len(sizes), width), dtype=rows.dtype)
-    if out.numel() == 0:
-        return out
-    size = out.element_size()
-    dst = as_bytes(out.view(-1))
-    filler = as_bytes(torch.full((width,), pad_value, dtype=rows.dtype))
-    srcs = [as_bytes(source) for source in rows.sources]
-    row_bytes = width * size
-    at = 0
-    for j, start, n in zip(which, starts, sizes, strict=True):
-        data_end, row_end = at + n * size, at + row_bytes
-        dst[at:data_end] = srcs[j][start * size : (start + n) * size]
-        dst[data_end:row_end] = filler[: row_end - data_end]
-        at = row_end
-    return out
+    padding = PaddedCopy(rows, pad_value, pad_multiple)
+    padding.run()
+    return padding.out
+
+
+class PaddedCopy:
+    """A padded copy of rows in two steps: the constructor allocates the [B, L] output and lists the rows,
+    `run` copies them in and fills their tails.
+
+    A batch of several columns makes every column's copy before it runs any: the small tensor ops of
+    the first step run from cold caches after a copy of a few MiB (see SequenceColumn.reserve), so
+    this way they pay that once per batch, not once per column.
+    """
+
+    def __init__(self, rows: RowSource, pad_value: float = 0, pad_multiple: int = 1) -> None:
+        self.which, self.starts, self.sizes = _rows(rows)
+        width = -(-max(self.sizes, default=0) // pad_multiple) * pad_multiple
+        self.rows, self.pad_value, self.pad_multiple = rows, pad_value, pad_multiple
+        self.on_cpu = rows.sources[0].device.type == "cpu"
+        self.out = torch.empty((len(self.sizes), width), dtype=rows.dtype) if self.on_cpu else torch.empty(0)
+        if self.on_cpu and self.out.numel():
+            self.filler = as_bytes(torch.full((width,), pad_value, dtype=rows.dtype))
+            self.dst, self.srcs = as_bytes(self.out.view(-1)), [as_bytes(source) for source in rows.sources]
+
+    def run(self) -> None:
+        """Copy the rows in (one memcpy each) and fill each row's tail (one more)."""
+        if not self.on_cpu:
+            placed = zip(self.which, self.starts, self.sizes, strict=True)
+            views = [self.rows.sources[j][s : s + n] for j, s, n in placed]
+            self.out = pad(views, self.pad_value, self.pad_multiple)[0]
+            return
+        if self.out.numel() == 0:
+            return
+        dst, filler, srcs = self.dst, self.filler, self.srcs
+        size = self.out.element_size()
+        row_bytes = self.out.shape[1] * size
+        at = 0
+        for j, start, n in zip(self.which, self.starts, self.sizes, strict=True):
+            data_end, row_end = at + n * size, at + row_bytes
+            dst[at:data_end] = srcs[j][start * size : (start + n) * size]
+            dst[data_end:row_end] = filler[: row_end - data_end]
+            at = row_end
 
 
 def _rows(rows: RowSource) -> tuple[list[int], list[int], list[int]]:
