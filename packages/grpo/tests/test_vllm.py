@@ -242,6 +242,7 @@ def test_several_ranks_generate_with_vllm(ray_session: Any, tmp_path: Path, layo
             if not path.exists():
                 path.write_bytes(b"")
                 leftovers.append(path)
+    shm_before = _vllm_shm_names()
     trainer = Trainer(config, run)
     try:
         trainer.fit()
@@ -250,6 +251,7 @@ def test_several_ranks_generate_with_vllm(ray_session: Any, tmp_path: Path, layo
         trainer.close()
         for path in leftovers:
             path.unlink(missing_ok=True)
+    assert _vllm_shm_names() - shm_before == set()  # the killed ranks left no shared memory behind
     assert [i["rollout_tensor_parallel"] for i in infos] == [config.parallel.infer.tensor] * 2
     rows = read_metrics(run / "metrics.jsonl")
     assert len(rows) == 3 and all(r["rollout/logp_mismatch_max"] < 1e-4 for r in rows)
@@ -259,6 +261,46 @@ def test_several_ranks_generate_with_vllm(ray_session: Any, tmp_path: Path, layo
         evaluated = evaluate(run, num_prompts=32)
         assert evaluated["step"] == 3
         assert abs(evaluated["eval_reward"] - rows[-1]["eval_reward"]) < 1e-6  # torch engine == vLLM
+
+
+def _vllm_shm_names() -> set[str]:
+    """/dev/shm names of the kinds a tensor-parallel vLLM on CPU makes (its communicator's, its queue's)."""
+    shm = Path("/dev/shm")
+    names = {p.name for p in shm.iterdir()} if shm.is_dir() else set()
+    return {name for name in names if "cpushm" in name or name.startswith("psm_")}
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads /proc/self/maps (Linux)")
+def test_shared_memory_made_since_is_unlinked_once_mapped(tmp_path: Path) -> None:
+    """What a TP vLLM's ranks do once built: the names of the segments this process made and maps go;
+    a segment made before, and one made since but not mapped here, keep theirs."""
+    from multiprocessing import resource_tracker, shared_memory
+
+    import torch.distributed as dist
+
+    from entrepot.grpo import rollout_vllm
+
+    older = shared_memory.SharedMemory(create=True, size=4096)
+    before = rollout_vllm._shm_names()
+    mapped = shared_memory.SharedMemory(create=True, size=4096)
+    unmapped = shared_memory.SharedMemory(create=True, size=4096)
+    unmapped.close()  # made since, but this process no longer maps it (another process's segment)
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        assert {older.name, mapped.name} <= rollout_vllm._mapped_shm_names()
+        rollout_vllm._unlink_shm_made_since(before)
+        names = rollout_vllm._shm_names()
+        assert mapped.name not in names and {older.name, unmapped.name} <= names
+        mapped.buf[:3] = b"abc"  # still mapped, still usable
+        assert bytes(mapped.buf[:3]) == b"abc"
+    finally:
+        dist.destroy_process_group()
+        mapped.close()
+        resource_tracker.unregister(mapped._name, "shared_memory")  # type: ignore[attr-defined]
+        for segment in (older, unmapped):
+            segment.close()
+            segment.unlink()
 
 
 # -- config refusals ---------------------------------------------------------------------------------

@@ -134,6 +134,48 @@ def _own_cpu_shm_names() -> None:
     shm.make_group_name = staticmethod(make_group_name)
 
 
+_SHM = Path("/dev/shm")
+
+
+def _shm_names() -> set[str]:
+    """The names in /dev/shm now (empty where there is none)."""
+    try:
+        return {entry.name for entry in os.scandir(_SHM)}
+    except OSError:
+        return set()
+
+
+def _unlink_shm_made_since(before: set[str]) -> None:
+    """Remove the names of the /dev/shm segments this rank's vLLM made, now that every rank maps them.
+
+    A tensor-parallel vLLM on CPU shares memory between its ranks through named segments (its CPU
+    communicator's, and the message queue that broadcasts each step's inputs). Its destructors remove
+    the names, but Ray kills an actor without running them, so every run would leave ~33 MB behind in
+    /dev/shm. Once every rank has built its engine (the barrier), each one has mapped all the segments
+    it uses, and the names are needed no more: the memory lives until the last rank that maps it exits,
+    however it exits. Only names that appeared since `before` and that this process maps are removed.
+    """
+    import torch.distributed as dist
+
+    dist.barrier()
+    for name in _mapped_shm_names() - before:
+        (_SHM / name).unlink(missing_ok=True)  # missing: the other rank removed it first
+
+
+def _mapped_shm_names() -> set[str]:
+    """Names of the /dev/shm files this process maps that still have a name (Linux; else empty)."""
+    try:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return set()
+    prefix, names = f"{_SHM}/", set()
+    for line in maps:  # address perms offset dev inode path
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].startswith(prefix) and not fields[5].endswith(" (deleted)"):
+            names.add(fields[5].removeprefix(prefix))
+    return names
+
+
 class VllmRolloutEngine(VllmInferenceEngine):
     """`VllmInferenceEngine` plus sampling with per-token log-probs.
 
@@ -192,6 +234,7 @@ class VllmRolloutEngine(VllmInferenceEngine):
 
         hf_config: Any = model.config
         spread: dict[str, Any] = {}
+        shm_before = _shm_names()
         if tensor_parallel > 1:
             spread = {"tensor_parallel_size": tensor_parallel}
             spread["distributed_executor_backend"] = "external_launcher"
@@ -209,6 +252,8 @@ class VllmRolloutEngine(VllmInferenceEngine):
             logprobs_mode="raw_logprobs",
             **spread,
         )
+        if tensor_parallel > 1:
+            _unlink_shm_made_since(shm_before)
         engine = cls(llm, hf_architecture(model), verify=verify)
         engine._model_dir = scratch
         return engine
