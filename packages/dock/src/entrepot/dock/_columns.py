@@ -175,8 +175,8 @@ class SequenceColumn:
 
         Bookkeeping and copy are apart so that a put can do the bookkeeping of all its columns before
         it moves any bulk bytes: after a copy of a few MiB, the small tensor ops that follow run from
-        cold caches (measured: a 256-element cumsum took 34-46 us after a 1-4 MiB memcpy, 1.4 us
-        before), and this way they pay that once per put, not once per column.
+        cold caches (many times slower; see the README's benchmark notes), and this way they pay that
+        once per put, not once per column.
         """
         self.live -= int(self.lengths.index_select(0, rows).sum())  # 0 where not ready: see forget
         if self.used + total > self.segments[-1].numel():

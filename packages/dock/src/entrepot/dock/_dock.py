@@ -210,7 +210,6 @@ class ExperienceDock(DockLifecycle):
             # column; the bulk copies last (see SequenceColumn.reserve): nothing left that can fail.
             columns = {name: column.to(self._stored_dtype(name, column)) for name, column in columns.items()}
             copies = [self._write(name, rows, column) for name, column in columns.items()]
-            pending = [copy for copy in copies if copy is not None]
             if ack is not None:
                 self._ack_rows(ack, rows)
             self._num_live += rows.numel() - int(self._live.index_select(0, rows).sum())
@@ -219,8 +218,10 @@ class ExperienceDock(DockLifecycle):
                 self._mark_completed(rows, done)
             self._counts["puts"] += 1
             self._counts["rows_put"] += rows.numel()
-            for target, column in pending:
-                column.copy_into(target)
+            for copy in copies:
+                if copy is not None:  # a sequence column's rows (scalars are stored already)
+                    target, column = copy
+                    column.copy_into(target)
             self._cond.notify_all()
 
     def _as_completed(self, completed: Any, num_rows: int) -> torch.Tensor | None:
@@ -264,7 +265,7 @@ class ExperienceDock(DockLifecycle):
         copy still to do."""
         store = self._stores[name]
         if store is None:
-            spec = ColumnSpec(self._specs[name].dtype or column.dtype, column.scalar)
+            spec = ColumnSpec(column.dtype, column.scalar)  # `column` is in the stored dtype already
             store = self._stores[name] = self._make_store(spec)
         c = self._column_index[name]
         copy = None

@@ -108,10 +108,11 @@ def _own_cpu_shm_names() -> None:
 
     vLLM's CPU communicator names its /dev/shm segments after VLLM_DIST_IDENT, which its worker takes
     from the init method: "env://" under ``external_launcher``, so the same names in every run. A run
-    whose ranks were killed (Ray kills actors without running destructors) leaves them behind, and the
-    next run's TP group fails with "create shm in SHMManager failed. errno: 17". Rank 0's random
-    token, broadcast to every rank (the names must agree), prefixes them instead. Left as it is where
-    vLLM has no such communicator (another layout of vLLM's code).
+    killed before its engines finished starting (see `_unlink_shm_made_since` for the rest) leaves them
+    behind, and the next run's TP group would fail with "create shm in SHMManager failed. errno: 17";
+    two runs on one node at once would collide the same way. Rank 0's random token, broadcast to every
+    rank (the names must agree), prefixes them instead. Left as it is where vLLM has no such
+    communicator (another layout of vLLM's code).
     """
     try:
         from vllm.distributed.device_communicators import cpu_communicator
@@ -234,7 +235,7 @@ class VllmRolloutEngine(VllmInferenceEngine):
 
         hf_config: Any = model.config
         spread: dict[str, Any] = {}
-        shm_before = _shm_names()
+        shm_before = _shm_names() if tensor_parallel > 1 else set()
         if tensor_parallel > 1:
             spread = {"tensor_parallel_size": tensor_parallel}
             spread["distributed_executor_backend"] = "external_launcher"
