@@ -112,6 +112,8 @@ def test_rewrite_replaces_row_and_reclaims_space(dock, make_rows):
         (lambda d: d.put({"score": torch.ones(1)}, [16]), IndexOutOfRangeError, "16"),
         (lambda d: d.put({"score": torch.ones(1)}, [-1]), IndexOutOfRangeError, "-1"),
         (lambda d: d.put({"score": torch.ones(2)}, [3, 3]), DuplicateIndexError, "3"),
+        (lambda d: d.put({"score": torch.ones(3)}, [0, 5, 16]), IndexOutOfRangeError, "16"),  # ascending
+        (lambda d: d.put({"score": torch.ones(3)}, [5, 2, 5]), DuplicateIndexError, "5"),
         (lambda d: d.put({"score": torch.ones(3)}, [0, 1]), RowCountMismatchError, "'score'"),
         (
             lambda d: d.put({"tokens": torch.ones(2, 3, dtype=torch.int64)}, [0]),
@@ -138,6 +140,13 @@ def test_rewrite_replaces_row_and_reclaims_space(dock, make_rows):
             ">= 0",
         ),
         (
+            lambda d: d.put(
+                {"tokens": torch.ones(1, dtype=torch.int64)}, [0, 1], lengths={"tokens": [-1, 2]}
+            ),
+            LengthMismatchError,
+            ">= 0",
+        ),
+        (
             lambda d: d.put({"tokens": torch.ones(1, 2, 2, dtype=torch.int64)}, [0]),
             ColumnLayoutError,
             "shape",
@@ -157,6 +166,20 @@ def test_put_errors_change_nothing(dock, make_rows, snapshot, same_state, call, 
     with pytest.raises(error, match=needle):
         call(dock)
     same_state(before, snapshot(dock))
+
+
+def test_many_indexes_in_any_order_are_checked_alike():
+    """Up to 1,024 ascending indexes are checked on a list, the rest with torch ops: same answers."""
+    dock = ExperienceDock(4096, columns={"x": ColumnSpec(torch.int64, scalar=True)}, consumers=["c"])
+    rows = torch.arange(4096)
+    for index in (rows[:1024], rows[:1025], rows.flip(0), rows[1::2]):
+        dock.put({"x": index * 3}, index)
+        assert torch.equal(dock.peek(["x"], index).data["x"], index * 3)
+    with pytest.raises(IndexOutOfRangeError, match="4096"):
+        dock.put({"x": torch.ones(1025, dtype=torch.int64)}, torch.arange(3072, 4097))
+    with pytest.raises(DuplicateIndexError, match="7"):
+        repeated = torch.cat([torch.arange(1999), torch.tensor([7])])
+        dock.put({"x": torch.ones(2000, dtype=torch.int64)}, repeated)
 
 
 def test_error_in_second_column_leaves_first_unwritten(dock, make_rows, snapshot, same_state):

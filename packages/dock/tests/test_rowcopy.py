@@ -24,7 +24,7 @@ def test_unpad_then_pad_round_trips_every_dtype(dtype):
     lengths = [3, 0, 5, 1]
     padded = _padded(lengths, dtype, extra=2)
     flat = torch.empty(sum(lengths), dtype=dtype)
-    unpad_into(padded, torch.tensor(lengths), flat)
+    unpad_into(padded, lengths, flat)
     assert torch.equal(flat, torch.cat([row[:n] for row, n in zip(padded, lengths, strict=True)]))
     pad_value = True if dtype == torch.bool else 7
     out = pad_rows(RowSource.packed(flat, torch.tensor(lengths)), pad_value, pad_multiple=4)

@@ -141,7 +141,16 @@ class SequenceColumn:
         self.bases: list[int] = [0]
         self.used = 0  # elements written into the last segment
         self.allocated = 0  # elements over all segments
-        self.live = 0  # elements that belong to ready rows (allocated - live is garbage or free)
+
+    @property
+    def live(self) -> int:
+        """Elements that belong to ready rows (allocated - live is garbage or free).
+
+        Summed when asked (metrics, and a segment running full) rather than kept up to date by every
+        put, which saves a put three torch ops (see `reserve` on why each counts): a row's length
+        is 0 while it is not ready (see `forget`).
+        """
+        return int(self.lengths.sum())
 
     @property
     def nbytes_live(self) -> int:
@@ -178,7 +187,6 @@ class SequenceColumn:
         cold caches (many times slower; see the README's benchmark notes), and this way they pay that
         once per put, not once per column.
         """
-        self.live -= int(self.lengths.index_select(0, rows).sum())  # 0 where not ready: see forget
         if self.used + total > self.segments[-1].numel():
             self._make_room(total, ready, rows)
         target = self.segments[-1].narrow(0, self.used, total)
@@ -187,12 +195,12 @@ class SequenceColumn:
         )
         self.lengths.index_copy_(0, rows, lengths)
         self.used += total
-        self.live += total
         return target
 
     def _make_room(self, incoming: int, ready: torch.Tensor, rows: torch.Tensor) -> None:
         """A new segment: empty and as large as all so far, or holding the compacted live rows."""
-        if self.live >= self.allocated // 2:
+        live = self.live - int(self.lengths.index_select(0, rows).sum())  # `rows` are being rewritten
+        if live >= self.allocated // 2:
             size = max(_MIN_BUFFER, incoming, self.allocated)
             self._add_segment(torch.empty(size, dtype=self.dtype))
             self.used = 0
@@ -202,7 +210,7 @@ class SequenceColumn:
         kept = keep.nonzero().squeeze(1)
         kept = kept[torch.argsort(self.offsets[kept], stable=True)]  # address order keeps runs adjacent
         snap = self.snapshot(kept)
-        fresh = torch.empty(max(_MIN_BUFFER, 2 * (self.live + incoming)), dtype=self.dtype)
+        fresh = torch.empty(max(_MIN_BUFFER, 2 * (live + incoming)), dtype=self.dtype)
         snap.gather(out=fresh.narrow(0, 0, snap.numel))
         base = self.bases[-1] + self.segments[-1].numel() + 1
         self.offsets[kept] = base + torch.cumsum(snap.lengths, 0) - snap.lengths
@@ -219,16 +227,15 @@ class SequenceColumn:
         offsets, lengths = self.offsets.index_select(0, rows), self.lengths.index_select(0, rows)
         return SeqSnapshot(list(self.segments), list(self.bases), offsets, lengths)
 
-    def forget(self, rows: torch.Tensor, ready: torch.Tensor) -> None:
-        """Rows stop being ready: count their elements as garbage (a row's length is 0 while not ready)."""
-        self.live -= int(self.lengths[rows][ready[rows]].sum())
+    def forget(self, rows: torch.Tensor) -> None:
+        """Rows stop being ready: their elements become garbage (a row's length is 0 while not ready)."""
         self.lengths[rows] = 0
 
     def drop_all(self, reuse: bool) -> None:
         """Forget every row. With `reuse` (no reader holds a snapshot) the memory is kept, as one
         segment, for the next round of puts: no page faults on already-touched memory."""
         self.lengths.zero_()
-        self.used = self.live = 0
+        self.used = 0
         if reuse and len(self.segments) == 2 and self.bases[0] == 0 and self.segments[0].numel() == 0:
             self.segments, self.bases = [self.segments[1]], [0]
             return

@@ -12,6 +12,7 @@ scalar columns.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import Any
@@ -27,6 +28,10 @@ from entrepot.dock._errors import (
 )
 from entrepot.dock._rowcopy import RowSource, gather_into, unpad_into
 
+# Indexes checked on a Python list up to this many; past that, the list costs more than the few
+# torch ops it saves (each a fixed cost, larger from cold caches: see SequenceColumn.reserve).
+_LIST_CHECK_ROWS = 1024
+
 
 class ColumnData:
     """One column of a put, unpadded: B rows + lengths int64 [B], or values [B] with lengths None.
@@ -34,7 +39,8 @@ class ColumnData:
     Rows are held as the caller gave them: a flat tensor, a list of row tensors, a padded [B, L]
     tensor, or (put_prompts' fan-out) a RowSource. `copy_into` copies the valid part once, straight
     into the store (padded and RowSource rows a memcpy each, see _rowcopy); `flat` makes one tensor
-    only when a caller needs it.
+    only when a caller needs it. A padded column also keeps its lengths as Python ints (`sizes`):
+    its checks and its row copies read them without another torch op.
     """
 
     def __init__(
@@ -44,12 +50,14 @@ class ColumnData:
         pieces: list[torch.Tensor] | None = None,
         padded: torch.Tensor | None = None,
         rows: RowSource | None = None,
+        sizes: list[int] | None = None,
     ) -> None:
         self._flat = flat
         self.lengths = lengths
         self._pieces = pieces
         self._padded = padded
         self._rows = rows
+        self.sizes = sizes
 
     @property
     def scalar(self) -> bool:
@@ -70,6 +78,8 @@ class ColumnData:
     def numel(self) -> int:
         if self._flat is not None:
             return self._flat.numel()
+        if self.sizes is not None:
+            return sum(self.sizes)
         assert self.lengths is not None
         return int(self.lengths.sum())
 
@@ -88,7 +98,8 @@ class ColumnData:
             padded = self._padded
             if _plain(padded, dtype):
                 return self
-            return ColumnData(None, self.lengths, padded=padded.to("cpu", dtype).contiguous())
+            converted = padded.to("cpu", dtype).contiguous()
+            return ColumnData(None, self.lengths, padded=converted, sizes=self.sizes)
         if self._rows is not None:
             rows = self._rows
             if all(_plain(source, dtype) for source in rows.sources):
@@ -134,8 +145,8 @@ class ColumnData:
     def copy_into(self, out: torch.Tensor) -> None:
         """Write the values back to back into `out` [numel] (converting to its dtype)."""
         if self._padded is not None:
-            assert self.lengths is not None
-            unpad_into(self._padded, self.lengths, out)
+            assert self.sizes is not None  # a padded column is made with them (see _from_tensor)
+            unpad_into(self._padded, self.sizes, out)
         elif self._rows is not None:
             gather_into(self._rows, out)
         elif self._pieces is not None:
@@ -151,7 +162,12 @@ def _plain(tensor: torch.Tensor, dtype: torch.dtype) -> bool:
 
 
 def as_index_tensor(indexes: Any, capacity: int) -> torch.Tensor:
-    """Validate row indexes (integers, in range, distinct) and return them as int64 [B]."""
+    """Validate row indexes (integers, in range, distinct) and return them as int64 [B].
+
+    Up to `_LIST_CHECK_ROWS` indexes in ascending order (the usual case: a put of the rows a get
+    returned) are accepted from a Python list, without a torch op: a put's first ops run from cold
+    caches, where each one costs many times its warm cost (see SequenceColumn.reserve).
+    """
     rows = torch.as_tensor(indexes)
     if rows.ndim == 0:
         rows = rows.reshape(1)
@@ -163,6 +179,10 @@ def as_index_tensor(indexes: Any, capacity: int) -> torch.Tensor:
         rows = rows.to(torch.int64)
     if rows.numel() == 0:
         return rows
+    if rows.numel() <= _LIST_CHECK_ROWS:
+        values = rows.tolist()
+        if values[0] >= 0 and values[-1] < capacity and all(map(operator.lt, values, values[1:])):
+            return rows  # strictly ascending, so distinct, and both ends in range
     low, high = (int(bound) for bound in torch.aminmax(rows))
     if low < 0 or high >= capacity:
         bad = ((rows < 0) | (rows >= capacity)).nonzero()
@@ -177,6 +197,7 @@ def as_index_tensor(indexes: Any, capacity: int) -> torch.Tensor:
 
 
 def _as_lengths(column: str, lengths: Any, num_rows: int) -> torch.Tensor:
+    """`lengths` as int64 [num_rows]; the caller checks that none is negative."""
     lengths = torch.as_tensor(lengths)
     if lengths.dtype.is_floating_point or lengths.dtype == torch.bool or lengths.ndim != 1:
         raise LengthMismatchError(
@@ -186,9 +207,21 @@ def _as_lengths(column: str, lengths: Any, num_rows: int) -> torch.Tensor:
         raise RowCountMismatchError(column, num_rows, lengths.numel())
     if lengths.dtype != torch.int64:
         lengths = lengths.to(torch.int64)
-    if lengths.numel() and int(lengths.min()) < 0:
-        raise LengthMismatchError(column, f"lengths must be >= 0, got {int(lengths.min())}")
     return lengths
+
+
+def _check_sizes(column: str, sizes: list[int], width: int) -> None:
+    """Raise unless every length of a padded tensor's rows is in [0, width]."""
+    if not sizes:
+        return
+    if min(sizes) < 0:
+        raise LengthMismatchError(column, f"lengths must be >= 0, got {min(sizes)}")
+    longest = max(sizes)
+    if longest > width:
+        row = sizes.index(longest)
+        raise LengthMismatchError(
+            column, f"row {row} has length {longest} but the padded tensor is only {width} wide"
+        )
 
 
 def _from_list(column: str, items: Sequence[Any], scalar_hint: bool | None) -> ColumnData:
@@ -222,6 +255,8 @@ def _from_tensor(
         return ColumnData(data.reshape(-1), torch.full((data.shape[0],), data.shape[1], dtype=torch.int64))
     lens = _as_lengths(column, lengths, num_rows)
     if data.ndim == 1:  # packed
+        if lens.numel() and int(lens.min()) < 0:
+            raise LengthMismatchError(column, f"lengths must be >= 0, got {int(lens.min())}")
         if int(lens.sum()) != data.numel():
             raise LengthMismatchError(
                 column, f"lengths sum to {int(lens.sum())} but the packed tensor has {data.numel()} elements"
@@ -229,14 +264,10 @@ def _from_tensor(
         return ColumnData(data, lens)
     if data.shape[0] != num_rows:
         raise RowCountMismatchError(column, num_rows, data.shape[0])
-    if lens.numel() and int(lens.max()) > data.shape[1]:
-        row = int(lens.argmax())
-        raise LengthMismatchError(
-            column,
-            f"row {row} has length {int(lens[row])} but the padded tensor is only {data.shape[1]} wide",
-        )
+    sizes = lens.tolist()  # the row copies need them as ints anyway
+    _check_sizes(column, sizes, data.shape[1])
     # The store copies the valid part of each row once; the padding is never kept.
-    return ColumnData(None, lens, padded=data)
+    return ColumnData(None, lens, padded=data, sizes=sizes)
 
 
 def normalize_column(

@@ -155,9 +155,9 @@ class DockLifecycle:
     def _drop(self, drop: torch.Tensor) -> None:
         self._leases.forget(drop)
         rows = drop.nonzero().squeeze(1)
-        for name, store in self._stores.items():
+        for store in self._stores.values():
             if isinstance(store, SequenceColumn):
-                store.forget(rows, self._ready[self._column_index[name]])
+                store.forget(rows)
         self._ready[:, rows] = False
         self._consumed[:, rows] = False
         self._live[rows] = False

@@ -58,8 +58,8 @@ def as_bytes(tensor: torch.Tensor) -> memoryview:
     return tensor.view(torch.uint8).numpy().data
 
 
-def unpad_into(padded: torch.Tensor, lengths: torch.Tensor, out: torch.Tensor) -> None:
-    """Copy the first lengths[i] elements of each row of `padded` [B, L] into `out` [T], back to back."""
+def unpad_into(padded: torch.Tensor, sizes: list[int], out: torch.Tensor) -> None:
+    """Copy the first sizes[i] elements of each row of `padded` [B, L] into `out` [T], back to back."""
     if out.numel() == 0:
         return
     if padded.dtype != out.dtype:
@@ -72,7 +72,7 @@ def unpad_into(padded: torch.Tensor, lengths: torch.Tensor, out: torch.Tensor) -
     src, dst, size = as_bytes(span), as_bytes(out), out.element_size()
     row_bytes = padded.stride(0) * size
     at = start = 0
-    for n in lengths.tolist():
+    for n in sizes:
         end = at + n * size
         dst[at:end] = src[start : start + n * size]
         at, start = end, start + row_bytes
