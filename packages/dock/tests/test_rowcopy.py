@@ -68,3 +68,17 @@ def test_padded_get_of_rows_in_several_segments_and_orders():
     order = torch.randperm(64, generator=torch.Generator().manual_seed(0))
     batch = dock.peek(["x"], order, pad_value=-1)
     assert torch.equal(batch.data["x"], pad_sequence([expected[int(r)] for r in order], True, -1))
+
+
+def test_padding_is_the_asked_value_whatever_came_before():
+    """The pad bytes are kept per (dtype, value) between gets: a wider batch, another value, -0.0
+    after 0.0 and NaN each get their own."""
+    flat = torch.arange(1, 7, dtype=torch.float32)
+    for width, pad_value in [(3, 0.0), (9000, 0.0), (3, -0.0), (5, float("nan")), (5, float("nan")), (4, 7)]:
+        lengths = torch.tensor([1, 2, 3])
+        out = pad_rows(RowSource.packed(flat, lengths), pad_value, pad_multiple=width)
+        assert out.shape == (3, width)
+        tails = torch.cat([out[0, 1:], out[1, 2:], out[2, 3:]])
+        expected = torch.full_like(tails, pad_value)
+        assert torch.equal(tails.view(torch.int32), expected.view(torch.int32))  # bit for bit: -0.0, NaN
+        assert out[2, :3].tolist() == [4.0, 5.0, 6.0]

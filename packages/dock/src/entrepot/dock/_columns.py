@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol
 
 import numpy as np
@@ -84,9 +85,9 @@ class SeqSnapshot:
     def dtype(self) -> torch.dtype:
         return self.segments[0].dtype
 
-    @property
+    @cached_property
     def numel(self) -> int:
-        return int(self.lengths.sum())
+        return int(self.lengths.sum())  # read twice by a packed get (its bytes, its output)
 
     def _runs(self) -> list[torch.Tensor]:
         """Runs of rows adjacent in one segment, in row order: a view of the segment per run.

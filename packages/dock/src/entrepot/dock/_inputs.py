@@ -98,8 +98,8 @@ class ColumnData:
             padded = self._padded
             if _plain(padded, dtype):
                 return self
-            converted = padded.to("cpu", dtype).contiguous()
-            return ColumnData(None, self.lengths, padded=converted, sizes=self.sizes)
+            stored = padded.to("cpu", dtype).contiguous()
+            return ColumnData(None, self.lengths, padded=stored, sizes=self.sizes)
         if self._rows is not None:
             rows = self._rows
             if all(_plain(source, dtype) for source in rows.sources):

@@ -114,7 +114,7 @@ class PaddedCopy:
         self.on_cpu = rows.sources[0].device.type == "cpu"
         self.out = torch.empty((len(self.sizes), width), dtype=rows.dtype) if self.on_cpu else torch.empty(0)
         if self.on_cpu and self.out.numel():
-            self.filler = as_bytes(torch.full((width,), pad_value, dtype=rows.dtype))
+            self.filler = _filler(rows.dtype, pad_value, width)
             self.dst, self.srcs = as_bytes(self.out.view(-1)), [as_bytes(source) for source in rows.sources]
 
     def run(self) -> None:
@@ -135,6 +135,22 @@ class PaddedCopy:
             dst[at:data_end] = srcs[j][start * size : (start + n) * size]
             dst[data_end:row_end] = filler[: row_end - data_end]
             at = row_end
+
+
+_FILLERS: dict[tuple[torch.dtype, str], memoryview] = {}
+
+
+def _filler(dtype: torch.dtype, pad_value: float, width: int) -> memoryview:
+    """The bytes of at least `width` elements of `pad_value`: made once per (dtype, value) and kept,
+    grown when a wider batch needs more (two more torch ops a column saved on every get).
+
+    Keyed by the value's repr: -0.0 and 0.0, or two NaNs, must not share (or miss) an entry."""
+    key = (dtype, repr(pad_value))
+    filler = _FILLERS.get(key)
+    if filler is None or len(filler) < width * dtype.itemsize:
+        size = max(width, 4096)
+        filler = _FILLERS[key] = as_bytes(torch.full((size,), pad_value, dtype=dtype))
+    return filler
 
 
 def _rows(rows: RowSource) -> tuple[list[int], list[int], list[int]]:
