@@ -22,6 +22,9 @@ the Ray actor, and prints each ratio's median and range over them. The Ray clien
 replies through its same-node shared-memory channel (entrepot.dock._channel); beside it, interleaved,
 a client of the same actor with `channel=False` (everything through Ray's object store).
 
+Last, the in-process ratios again with 64, 256 and 1,024 rows per put and per get (the same bytes
+in all): what a call costs apart from what its bytes cost.
+
     python bench_dock.py [--small] [--no-ray] [--steady N]
 """
 
@@ -74,6 +77,7 @@ class Workload:
     prompts: list[torch.Tensor]
     phases: list[Phase]
     prompt_bytes: int
+    chunk: int = CHUNK  # rows per put and per get
 
 
 def _print_table(header: str, rows: list[str]) -> None:
@@ -83,7 +87,7 @@ def _print_table(header: str, rows: list[str]) -> None:
     print("\n".join(rows))
 
 
-def make_workload(num_prompts: int, seed: int = 0) -> Workload:
+def make_workload(num_prompts: int, seed: int = 0, chunk: int = CHUNK) -> Workload:
     gen = torch.Generator().manual_seed(seed)
     num_rows = num_prompts * N_SAMPLES
     prompt_len = torch.randint(64, 257, (num_prompts,), generator=gen)
@@ -101,8 +105,8 @@ def make_workload(num_prompts: int, seed: int = 0) -> Workload:
     def nbytes(lengths: torch.Tensor, dtype: torch.dtype) -> int:
         return int(lengths.sum()) * torch.empty(0, dtype=dtype).element_size()
 
-    for start in range(0, num_rows, CHUNK):
-        rl, tl = resp_len[start : start + CHUNK], total_len[start : start + CHUNK]
+    for start in range(0, num_rows, chunk):
+        rl, tl = resp_len[start : start + chunk], total_len[start : start + chunk]
         phases.append(
             Phase(
                 start,
@@ -112,14 +116,14 @@ def make_workload(num_prompts: int, seed: int = 0) -> Workload:
             )
         )
     for column in ("ref_log_prob", "old_log_prob"):
-        for start in range(0, num_rows, CHUNK):
-            rl = resp_len[start : start + CHUNK]
+        for start in range(0, num_rows, chunk):
+            rl = resp_len[start : start + chunk]
             phases.append(Phase(start, {column: padded_of(rl, torch.float32)}, {}, nbytes(rl, torch.float32)))
-    for start in range(0, num_rows, CHUNK):  # GRPO advantages: one float32 per response
-        rows = min(CHUNK, num_rows - start)
+    for start in range(0, num_rows, chunk):  # GRPO advantages: one float32 per response
+        rows = min(chunk, num_rows - start)
         phases.append(Phase(start, {}, {"advantages": torch.randn(rows, generator=gen)}, 4 * rows))
     prompt_bytes = int(prompt_len.sum()) * 8 * N_SAMPLES
-    return Workload(prompts, phases, prompt_bytes)
+    return Workload(prompts, phases, prompt_bytes, chunk)
 
 
 class CopyBound:
@@ -211,7 +215,7 @@ def run_ours(
     if bound is not None:
         t.put_copy_s += bound.copy_s(work.prompt_bytes)
     for phase in work.phases:
-        rows = torch.arange(phase.start, phase.start + CHUNK)
+        rows = torch.arange(phase.start, phase.start + work.chunk)
         data: dict[str, Any] = {**{k: v for k, (v, _) in phase.padded.items()}, **phase.scalars}
         lengths = {k: lens for k, (_, lens) in phase.padded.items()}
         faults = minor_faults()
@@ -224,7 +228,7 @@ def run_ours(
     t.held_bytes, t.stored_bytes = int(metrics["dock/bytes_allocated"]), int(metrics["dock/bytes_stored"])
     while True:
         faults = minor_faults()
-        batch = timed(lambda: dock.get("actor_train", TRAIN_COLUMNS, CHUNK, layout=layout), t.get_s)
+        batch = timed(lambda: dock.get("actor_train", TRAIN_COLUMNS, work.chunk, layout=layout), t.get_s)
         t.get_faults += minor_faults() - faults
         if batch is None:
             t.get_s.pop()  # the final "all consumed" call moves no data
@@ -241,7 +245,7 @@ def run_ours(
         if bound is not None:
             t.get_copy_s += bound.copy_s(nbytes)
             t.get_fill_s += bound.fill_s(padded_bytes - nbytes)
-    assert t.get_bytes and len(t.get_s) == num_rows // CHUNK
+    assert t.get_bytes and len(t.get_s) == num_rows // work.chunk
     return t
 
 
@@ -270,13 +274,13 @@ def run_baseline(work: Workload, num_prompts: int, remote: bool = False) -> Timi
         for key, values in phase.scalars.items():
             ones = torch.ones_like(values, dtype=torch.int64)  # slice bounds must be integers
             entries[key], entries[f"{key}__length"] = values[:, None], ones
-        data = TensorDict(entries, batch_size=[CHUNK])
-        indexes = list(range(phase.start, phase.start + CHUNK))
+        data = TensorDict(entries, batch_size=[work.chunk])
+        indexes = list(range(phase.start, phase.start + work.chunk))
         timed(lambda data=data, indexes=indexes: dock.put_experience(data, indexes), t.put_s)
         t.put_bytes += phase.nbytes
     t.held_bytes, t.stored_bytes = dock.held_bytes(), t.put_bytes
     while not dock.all_consumed("actor_train"):
-        batch, _ = timed(lambda: dock.get_experience("actor_train", TRAIN_COLUMNS, CHUNK), t.get_s)
+        batch, _ = timed(lambda: dock.get_experience("actor_train", TRAIN_COLUMNS, work.chunk), t.get_s)
         t.get_bytes += sum(int(batch[f"{c}__length"].sum()) * batch[c].element_size() for c in TRAIN_COLUMNS)
     return t
 
@@ -403,6 +407,30 @@ def steady_table(steady: Steady) -> list[str]:
     ]
 
 
+def call_size_table(num_prompts: int, sizes: tuple[int, ...], iterations: int) -> list[str]:
+    """In-process steady ratios with `sizes` rows per put and per get (the same bytes in all).
+
+    A call has a fixed cost (validation, bookkeeping, the cold caches its first ops run from after
+    the previous call's copy); the bytes it moves grow with its rows. The put's ratio follows that
+    cost; the padded get's stops growing where its bytes, not its calls, bound it.
+    """
+    lines = []
+    for size in sizes:
+        work = make_workload(num_prompts, chunk=size)
+        dock, bound = GRPODock(num_prompts, N_SAMPLES), CopyBound()
+        steady = Steady()
+        for turn in range(2 + 2 * iterations):  # two iterations to warm up, then the layouts in turn
+            dock.clear()
+            layout = "padded" if turn % 2 == 0 else "packed"
+            timings = run_ours(dock, work, num_prompts * N_SAMPLES, bound, layout=layout)
+            if turn >= 2:
+                steady.add(timings, layout)
+        cells = [f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})" for v in (
+            steady.put, steady.padded, steady.packed)]  # fmt: skip
+        lines.append(f"| {size:13,d} | {cells[0]:>17} | {cells[1]:>17} | {cells[2]:>17} |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", action="store_true", help="128 prompts instead of 1,024 (a quick check)")
@@ -525,6 +553,12 @@ def main() -> None:
             f"took {1e3 * put_s:.2f} ms and {put_faults} minor faults ({get_bytes // 4096} pages of "
             f"4 KiB), a copy of it {1e3 * copy_s:.2f} ms: {put_s / copy_s:.1f}x (medians of 20)."
         )
+
+    print()
+    print(f"In process, by rows per call (puts and gets; median (range) of {args.steady} steady")
+    print(f"iterations per layout), load {_load()}:")
+    header = "| rows per call | put / copy        | padded get / copy | packed get / copy |"
+    _print_table(header, call_size_table(num_prompts, (64, CHUNK, 1024), args.steady))
 
     big_dock = GRPODock(1_000_000 // N_SAMPLES, N_SAMPLES)
     big = run_ours(big_dock, work, num_rows)
