@@ -28,9 +28,10 @@ from entrepot.dock._errors import (
 )
 from entrepot.dock._rowcopy import RowSource, gather_into, unpad_into
 
-# Indexes checked on a Python list up to this many; past that, the list costs more than the few
-# torch ops it saves (each a fixed cost, larger from cold caches: see SequenceColumn.reserve).
-_LIST_CHECK_ROWS = 1024
+# Indexes checked on a Python list up to this many. The list's cost grows with the rows (on warm
+# caches it matches the torch ops' at a few hundred and is ~4x theirs at 1,024), while what it saves
+# is a fixed cost, larger from cold caches (see SequenceColumn.reserve).
+_LIST_CHECK_ROWS = 512
 
 
 class ColumnData:
