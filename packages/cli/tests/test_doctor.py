@@ -15,7 +15,7 @@ import entrepot.grpo
 from entrepot.cli._doctor import size
 from entrepot.cli.app import app
 from entrepot.grpo.config import load_config
-from entrepot.grpo.memory import estimate_memory
+from entrepot.grpo.run.memory import estimate_memory
 
 WIDE = {"COLUMNS": "240"}  # one report row per line
 NO_RAY_ENV = {"RAY_ADDRESS": None, "RAY_AUTH_MODE": None}

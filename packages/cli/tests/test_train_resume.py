@@ -34,7 +34,7 @@ def run(two_steps: Path, tmp_path: Path) -> Path:
 
 
 def _steps(run: Path) -> list[int]:
-    from entrepot.grpo.metrics import read_metrics
+    from entrepot.grpo.run.metrics import read_metrics
 
     return [int(r["step"]) for r in read_metrics(run / "metrics.jsonl")]
 

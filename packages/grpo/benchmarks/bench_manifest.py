@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-from entrepot.grpo import checkpoint as ckpt
 from entrepot.grpo import load_config
+from entrepot.grpo.run import checkpoint as ckpt
 
 ALGORITHMS = ("sha256", "blake2b", "blake2s", "sha512", "sha3_256", "sha1", "md5")  # sha1 / md5: not strong
 

@@ -1,15 +1,15 @@
 """Remove padding in training: packed vs padded time per step, same model, same rows, same run.
 
 A "step" here is what the actor computes on a step's rows: the reference log-prob pass plus one
-PPO update (forward + backward + AdamW) over all rows (`entrepot.grpo.update`), with
+PPO update (forward + backward + AdamW) over all rows (`entrepot.grpo.algo.update`), with
 `batching.remove_padding` on (one packed row, varlen attention) and off (a right-padded grid).
 
 Shapes: the embedded default (256 rows of 9 prompt + 1-9 response tokens, nearly equal lengths) and
 a long-tail mix (64 rows, prompt 8 tokens, prompt + response uniform in 16..512).
 
-Then GPT-2's written-out packed forward (`entrepot.grpo.gpt2_forward`) against HF's forward (the
+Then GPT-2's written-out packed forward (`entrepot.grpo.embedded.gpt2_forward`) against HF's forward (the
 baseline: what ran before it), on GRPO groups (32 prompts x 8 responses, prefix sharing) over one
-and two lanes (`entrepot.grpo.lanes`).
+and two lanes (`entrepot.grpo.embedded.lanes`).
 
     python packages/grpo/benchmarks/bench_packing.py [--repeats 5]
 """
@@ -31,11 +31,11 @@ from collections.abc import Iterator
 import torch
 
 from entrepot.grpo import gpt2_forward, load_config
+from entrepot.grpo.algo.optim import build_optimizer
+from entrepot.grpo.algo.sequences import ResponseBatch
+from entrepot.grpo.algo.update import UpdateInputs, compute_logprobs, ppo_update
 from entrepot.grpo.config import GRPOConfig
-from entrepot.grpo.model import build_model
-from entrepot.grpo.optim import build_optimizer
-from entrepot.grpo.sequences import ResponseBatch
-from entrepot.grpo.update import UpdateInputs, compute_logprobs, ppo_update
+from entrepot.grpo.engines.models import build_model
 
 
 def _rows(prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, vocab: int) -> ResponseBatch:

@@ -1,7 +1,7 @@
 """GRPO in one process with no dock, no workers and no Ray: the baseline of the benchmark.
 
 It builds the same `Policy` (model, reference, optimizer, rollout engine, sampling stream) as an
-actor worker of rank 0 and runs the same update code (`entrepot.grpo.update`), so with one worker
+actor worker of rank 0 and runs the same update code (`entrepot.grpo.algo.update`), so with one worker
 and the same seed its first step equals the full system's (tests/test_plain_parity.py), and the
 benchmark's time ratio measures only the dock + worker-group + Ray machinery. Not supported: DP,
 dynamic sampling, kl_in_reward, checkpoints (the full system has them).
@@ -15,15 +15,15 @@ from typing import Any
 
 import torch
 
-from entrepot.grpo import rewards
+from entrepot.grpo.algo.losses import group_advantages
+from entrepot.grpo.algo.sequences import ResponseBatch
+from entrepot.grpo.algo.update import UpdateInputs
 from entrepot.grpo.config import GRPOConfig
-from entrepot.grpo.data import encode_prompt
-from entrepot.grpo.evaluation import greedy_eval
-from entrepot.grpo.losses import group_advantages
-from entrepot.grpo.policy import Policy, build_policy
-from entrepot.grpo.sequences import ResponseBatch
-from entrepot.grpo.threads import configure_threads
-from entrepot.grpo.update import UpdateInputs
+from entrepot.grpo.data import rewards
+from entrepot.grpo.data.sources import encode_prompt
+from entrepot.grpo.embedded.threads import configure_threads
+from entrepot.grpo.engines.policy import Policy, build_policy
+from entrepot.grpo.run.evaluation import greedy_eval
 
 __all__ = ["plain_step", "run_plain"]
 

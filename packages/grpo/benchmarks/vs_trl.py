@@ -102,7 +102,7 @@ def trl_settings(config: GRPOConfig, output_dir: str, max_steps: int) -> dict[st
     here too). One generation per optimizer step (generation batch = train batch, accumulation 1),
     completions capped at our response budget, the dataset in order (`shuffle_dataset=False`).
     """
-    from entrepot.grpo.data import build_task
+    from entrepot.grpo.data.sources import build_task
 
     _check_mappable(config)
     algo, roll = config.algorithm, config.rollout
@@ -157,7 +157,7 @@ def char_tokenizer() -> Any:
     from tokenizers.models import WordLevel
     from transformers import PreTrainedTokenizerFast
 
-    from entrepot.grpo.tasks import CharTokenizer
+    from entrepot.grpo.data.tasks import CharTokenizer
 
     ours = CharTokenizer()
     backend = Tokenizer(WordLevel({token: i for i, token in enumerate(ours.tokens)}, unk_token="<unk>"))
@@ -171,7 +171,7 @@ def char_tokenizer() -> Any:
 
 def check_tokenizer(tokenizer: Any) -> None:
     """`tokenizer` encodes and decodes as our `CharTokenizer` (as TRL calls it: `tokenizer(text=[...])`)."""
-    from entrepot.grpo.tasks import CharTokenizer
+    from entrepot.grpo.data.tasks import CharTokenizer
 
     ours = CharTokenizer()
     ids = tokenizer(text=[SAMPLE_PROMPT])["input_ids"][0]
@@ -185,7 +185,7 @@ def save_initial_model(config: GRPOConfig, directory: Path) -> None:
     """Save our initial policy and the tokenizer to `directory`; check the saved weights load back equal."""
     from transformers import AutoModelForCausalLM
 
-    from entrepot.grpo.policy import initial_model
+    from entrepot.grpo.engines.policy import initial_model
 
     model, _ = initial_model(config)
     model.save_pretrained(directory)
@@ -273,7 +273,7 @@ def _trl_callback(
 
 def _reward_funcs(verifiers: Sequence[str]) -> list[Callable[..., list[float]]]:
     """TRL reward functions of our named verifiers (scored on decoded completion vs answer)."""
-    from entrepot.grpo.rewards import get_verifier
+    from entrepot.grpo.data.rewards import get_verifier
 
     def make(name: str) -> Callable[..., list[float]]:
         verifier = get_verifier(name)
@@ -305,8 +305,8 @@ def _train_trl(spec: dict[str, Any], emit: Callable[..., None]) -> None:
     from transformers.trainer_callback import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from entrepot.grpo.rewards import get_verifier
-    from entrepot.grpo.tasks import SyntheticTask
+    from entrepot.grpo.data.rewards import get_verifier
+    from entrepot.grpo.data.tasks import SyntheticTask
 
     torch.set_num_threads(spec["threads"])
     torch.set_num_interop_threads(spec["interop_threads"])
@@ -457,7 +457,7 @@ def _kill_tree(memory: _TreeMemory) -> None:
 
 def _child_env(config: GRPOConfig) -> dict[str, str]:
     """This environment with our run's thread settings (both sides alike) and no hub access."""
-    from entrepot.grpo.threads import worker_env
+    from entrepot.grpo.embedded.threads import worker_env
 
     return {**os.environ, **worker_env(config.threads), "HF_HUB_OFFLINE": "1"}
 

@@ -18,7 +18,7 @@ def ray_session():  # type: ignore[no-untyped-def]
     """A local Ray whose workers run single-threaded torch and can import this folder's test verifiers."""
     ray = pytest.importorskip("ray")
     from entrepot.grpo.config import ThreadsConfig
-    from entrepot.grpo.threads import worker_env
+    from entrepot.grpo.embedded.threads import worker_env
 
     env = {**worker_env(ThreadsConfig()), "PYTHONPATH": str(Path(__file__).parent)}
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})

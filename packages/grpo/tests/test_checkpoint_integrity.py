@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from entrepot.grpo import checkpoint as ckpt
 from entrepot.grpo import load_config, train
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.errors import CheckpointError
-from entrepot.grpo.metrics import read_metrics
+from entrepot.grpo.run import checkpoint as ckpt
+from entrepot.grpo.run.metrics import read_metrics
 
 SMALL = ["eval.num_prompts=16", "logging.tensorboard=false", "checkpoint.keep_last=0", "eval.every=0",
          "resources.use_ray=false", "rollout.prompts_per_step=4", "checkpoint.save_every=1"]  # fmt: skip

@@ -17,7 +17,7 @@ import pytest
 
 from entrepot.dock import DockShardLostError
 from entrepot.grpo import load_config, train
-from entrepot.grpo.metrics import read_metrics
+from entrepot.grpo.run.metrics import read_metrics
 
 ray = pytest.importorskip("ray")
 

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from tests_support_models import built_default_dir, tiny_reward_model_dir
 
 from entrepot.grpo import load_config, train
-from entrepot.grpo.metrics import read_metrics
+from entrepot.grpo.run.metrics import read_metrics
 
 SMALL = ["eval.num_prompts=16", "logging.tensorboard=false", "eval.every=0", "rollout.prompts_per_step=4"]
 LOCAL = [*SMALL, "resources.use_ray=false"]
@@ -45,8 +45,8 @@ def _texts(trainer, rows: torch.Tensor) -> tuple[list[str], list[str], list[str]
 def test_the_reward_stage_gives_the_weighted_sum_whatever_the_mix(
     mix: str, reward_model_dir: Path, tmp_path: Path
 ) -> None:
-    from entrepot.grpo import rewards
-    from entrepot.grpo.reward_model import load_reward_model
+    from entrepot.grpo.data import rewards
+    from entrepot.grpo.engines.reward_model import load_reward_model
     from entrepot.grpo.trainer import Trainer
 
     overrides = {
@@ -97,7 +97,7 @@ def test_a_reference_of_another_vocabulary_is_refused_before_start(tmp_path: Pat
     from tests_support_models import tiny_model_dir
 
     from entrepot.grpo.errors import DataError
-    from entrepot.grpo.preflight import check_inputs
+    from entrepot.grpo.run.preflight import check_inputs
 
     other = tiny_model_dir(tmp_path / "words")  # 11 tokens; the reverse task has its own vocabulary
     config = load_config(None, [*LOCAL, f"model.ref_model_load_path={other}"])
@@ -109,7 +109,7 @@ def test_a_bad_reward_model_directory_is_refused_before_start(tmp_path: Path) ->
     from tests_support_models import tiny_model_dir
 
     from entrepot.grpo.errors import RewardModelError
-    from entrepot.grpo.preflight import check_inputs
+    from entrepot.grpo.run.preflight import check_inputs
 
     causal = tiny_model_dir(tmp_path / "causal")  # a causal LM without a value head scores nothing
     config = load_config(None, [*LOCAL, f"reward.models={{{causal}: 1.0}}"])

@@ -144,7 +144,7 @@ def test_offload_of_co_located_models_follows_the_device_unless_set() -> None:
 
 
 def test_check_machine_refuses_a_device_this_machine_lacks() -> None:
-    from entrepot.grpo.preflight import check_machine
+    from entrepot.grpo.run.preflight import check_machine
 
     check_machine(load_config(None, ["engine.train=megatron", "parallel.train.tensor=2"]))  # runs here
     if not torch.cuda.is_available():
@@ -160,7 +160,7 @@ def test_the_rendezvous_port_is_free_and_outside_the_ephemeral_range() -> None:
     taken between the driver's pick and rank 0's listen (EADDRINUSE)."""
     import socket
 
-    from entrepot.grpo.ports import _ephemeral_start, free_local_port
+    from entrepot.grpo.engines.rendezvous import _ephemeral_start, free_local_port
 
     ports = {free_local_port() for _ in range(20)}
     assert all(20000 <= port < _ephemeral_start() for port in ports)

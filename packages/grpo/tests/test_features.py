@@ -11,7 +11,7 @@ import torch
 
 from entrepot.grpo import load_config, train
 from entrepot.grpo.errors import StageError
-from entrepot.grpo.metrics import read_metrics
+from entrepot.grpo.run.metrics import read_metrics
 from entrepot.grpo.trainer import Trainer
 
 LOCAL = ["resources.use_ray=false", "logging.tensorboard=false", "eval.every=0", "rollout.prompts_per_step=4",
@@ -68,7 +68,7 @@ def test_plain_baseline_matches_the_full_system_first_step(tmp_path: Path) -> No
     sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
     from plain_loop import plain_step
 
-    from entrepot.grpo.policy import build_policy
+    from entrepot.grpo.engines.policy import build_policy
 
     config = load_config(None, [*LOCAL, "algorithm.lr=1e-2"])
     trainer = Trainer(config, tmp_path)

@@ -7,9 +7,9 @@ import torch
 from test_shared_prefix import VOCAB, _batch
 
 from entrepot.grpo import load_config
-from entrepot.grpo.gpt2_forward import supports
-from entrepot.grpo.model import build_model
-from entrepot.grpo.sequences import ResponseBatch, response_logprobs
+from entrepot.grpo.algo.sequences import ResponseBatch, response_logprobs
+from entrepot.grpo.embedded.gpt2_forward import supports
+from entrepot.grpo.engines.models import build_model
 
 
 def _gpt2(**config_overrides: object) -> torch.nn.Module:

@@ -13,8 +13,8 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2LMHeadModel
 
 from entrepot.grpo import load_config
-from entrepot.grpo.gpt2_model import EmbeddedGPT2, EmbeddedGPT2Config, hf_architecture
-from entrepot.grpo.model import build_hf_config, build_model, model_config
+from entrepot.grpo.embedded.gpt2_model import EmbeddedGPT2, EmbeddedGPT2Config, hf_architecture
+from entrepot.grpo.engines.models import build_hf_config, build_model, model_config
 
 VOCAB = 16
 

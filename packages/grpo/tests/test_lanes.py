@@ -9,11 +9,11 @@ import pytest
 import torch
 from test_update import ADVANTAGES, _config, _model, _rows
 
-from entrepot.grpo import lanes as lanes_module
 from entrepot.grpo import load_config
-from entrepot.grpo.lanes import run_lanes, split_rows
-from entrepot.grpo.optim import build_optimizer
-from entrepot.grpo.update import UpdateInputs, compute_logprobs, ppo_update
+from entrepot.grpo.algo.optim import build_optimizer
+from entrepot.grpo.algo.update import UpdateInputs, compute_logprobs, ppo_update
+from entrepot.grpo.embedded import lanes as lanes_module
+from entrepot.grpo.embedded.lanes import run_lanes, split_rows
 
 
 def test_split_rows_keeps_order_and_balances_tokens() -> None:

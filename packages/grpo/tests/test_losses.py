@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from entrepot.grpo.losses import (
+from entrepot.grpo.algo.losses import (
     group_advantages,
     keep_varied_groups,
     kl_penalty,
@@ -16,7 +16,7 @@ from entrepot.grpo.losses import (
     sequence_kl,
     token_weights,
 )
-from entrepot.grpo.optim import lr_lambda
+from entrepot.grpo.algo.optim import lr_lambda
 
 
 def test_group_advantages_by_hand() -> None:

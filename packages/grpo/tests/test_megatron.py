@@ -19,8 +19,8 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from entrepot.grpo import load_config, train
-from entrepot.grpo.metrics import read_metrics
-from entrepot.grpo.ports import free_local_port
+from entrepot.grpo.engines.rendezvous import free_local_port
+from entrepot.grpo.run.metrics import read_metrics
 
 pytest.importorskip("megatron.core")
 

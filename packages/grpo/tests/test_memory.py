@@ -8,10 +8,10 @@ import pytest
 from tests_support_models import tiny_model_dir
 
 from entrepot.grpo.config import load_config
+from entrepot.grpo.data.tasks import CharTokenizer
+from entrepot.grpo.engines.models import build_model
 from entrepot.grpo.errors import DataError
-from entrepot.grpo.memory import estimate_memory, vllm_kv_cache_bytes
-from entrepot.grpo.model import build_model
-from entrepot.grpo.tasks import CharTokenizer
+from entrepot.grpo.run.memory import estimate_memory, vllm_kv_cache_bytes
 
 TINY_QWEN2 = ["model.architecture=qwen2", "model.hidden_size=32", "model.num_heads=4", "model.num_kv_heads=2",
               "model.intermediate_size=48", "model.num_layers=3"]  # fmt: skip
@@ -58,7 +58,7 @@ def test_no_reference_without_a_kl_term() -> None:
 def test_co_located_reward_models_and_reference_count_unless_on_their_own_workers(tmp_path: Path) -> None:
     from tests_support_models import tiny_reward_model_dir
 
-    from entrepot.grpo.reward_model import load_reward_model
+    from entrepot.grpo.engines.reward_model import load_reward_model
 
     rm = tiny_reward_model_dir(tmp_path / "rm", "classifier", "qwen2")
     loaded = sum(p.numel() * p.element_size() for p in load_reward_model(rm).parameters())

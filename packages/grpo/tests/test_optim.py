@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from entrepot.grpo.optim import AdamW, LRSchedule, lr_lambda
+from entrepot.grpo.algo.optim import AdamW, LRSchedule, lr_lambda
 
 SCHEDULE = functools.partial(lr_lambda, warmup_steps=2, total_steps=6, schedule="cosine")
 
@@ -118,7 +118,7 @@ def test_stepping_does_not_import_dynamo() -> None:
     """Why the class exists: torch.optim's optimizers import torch._dynamo (seconds of start-up)."""
     script = (
         "import sys, torch\n"
-        "from entrepot.grpo.optim import AdamW, LRSchedule\n"
+        "from entrepot.grpo.algo.optim import AdamW, LRSchedule\n"
         "p = torch.nn.Parameter(torch.ones(3)); o = AdamW([p], lr=0.1); s = LRSchedule(o, lambda step: 1.0)\n"
         "p.sum().backward(); o.step(); s.step(); o.zero_grad(); o.load_state_dict(o.state_dict())\n"
         "print('torch._dynamo' in sys.modules)\n"

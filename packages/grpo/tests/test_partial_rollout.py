@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from entrepot.grpo import GRPOConfigError, load_config, train
-from entrepot.grpo.metrics import read_metrics
-from entrepot.grpo.rollout import GPT2RolloutEngine, SamplingParams
+from entrepot.grpo.engines.rollout_embedded import GPT2RolloutEngine, SamplingParams
+from entrepot.grpo.run.metrics import read_metrics
 from entrepot.grpo.workers._partial_rollout import partial_round
 
 SMALL = ["eval.num_prompts=16", "logging.tensorboard=false", "checkpoint.keep_last=0", "eval.every=0",

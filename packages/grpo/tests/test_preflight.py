@@ -11,7 +11,7 @@ from tests_support_models import tiny_model_dir
 
 from entrepot.grpo import load_config
 from entrepot.grpo.errors import DataError, GRPOConfigError, RewardError
-from entrepot.grpo.preflight import check_inputs, check_machine
+from entrepot.grpo.run.preflight import check_inputs, check_machine
 
 
 @pytest.fixture(scope="module")

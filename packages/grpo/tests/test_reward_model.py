@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 from tests_support_models import tiny_model_dir, tiny_reward_model_dir
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
+from entrepot.grpo.engines.reward_model import RewardModel, check_reward_model_dir, load_reward_model
 from entrepot.grpo.errors import RewardModelError
-from entrepot.grpo.reward_model import RewardModel, check_reward_model_dir, load_reward_model
 
 # texts of 2, 6 and 16 tokens, so a batch pads the short ones
 PROMPTS = ["what", "user : what is", "user : what is 1 ? user : what is"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from entrepot.grpo import rewards
+from entrepot.grpo.data import rewards
 from entrepot.grpo.errors import RewardError, UnknownRewardError
 
 

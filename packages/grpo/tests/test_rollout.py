@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from entrepot.grpo.config import ModelConfig
-from entrepot.grpo.model import build_hf_config, build_model
-from entrepot.grpo.rollout import GPT2RolloutEngine, SamplingParams, gpt2_hf_to_infer
+from entrepot.grpo.engines.models import build_hf_config, build_model
+from entrepot.grpo.engines.rollout_embedded import GPT2RolloutEngine, SamplingParams, gpt2_hf_to_infer
 from entrepot.resharding.errors import UnknownArchitectureError
 
 
@@ -152,7 +152,7 @@ def test_the_noise_gives_the_samples_torch_multinomial_drew() -> None:
 def test_noise_past_its_budget_is_drawn_step_by_step_with_the_same_samples(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from entrepot.grpo import rollout
+    from entrepot.grpo.engines import rollout_embedded as rollout
 
     model, one_lane = _model_and_engine()
     two_lanes = GPT2RolloutEngine.from_hf_config(model.config, lanes=2)

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from entrepot.grpo import load_config
-from entrepot.grpo.model import build_model
-from entrepot.grpo.sequences import ResponseBatch, response_logprobs
-from entrepot.grpo.shared_prefix import cached_shared_prefix_layout, shared_prefix_layout
+from entrepot.grpo.algo.sequences import ResponseBatch, response_logprobs
+from entrepot.grpo.embedded.shared_prefix import cached_shared_prefix_layout, shared_prefix_layout
+from entrepot.grpo.engines.models import build_model
 
 VOCAB = 16
 

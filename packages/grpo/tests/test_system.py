@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from entrepot.grpo import load_config, train
-from entrepot.grpo.metrics import read_metrics
+from entrepot.grpo.run.metrics import read_metrics
 
 SMALL = ["eval.num_prompts=64", "logging.tensorboard=false", "checkpoint.keep_last=0"]
 

@@ -9,9 +9,9 @@ import pytest
 from tests_support_models import tiny_model_dir
 
 from entrepot.grpo import load_config
-from entrepot.grpo.data import build_task, encode_prompt, read_records
+from entrepot.grpo.data.sources import build_task, encode_prompt, read_records
+from entrepot.grpo.data.tasks import CharTokenizer, SyntheticTask
 from entrepot.grpo.errors import DataError
-from entrepot.grpo.tasks import CharTokenizer, SyntheticTask
 
 
 def test_reverse_and_addition_tasks() -> None:
@@ -57,7 +57,7 @@ def test_parquet_records(tmp_path: Path) -> None:
 
 
 def test_local_model_dir_with_chat_template(tmp_path: Path) -> None:
-    from entrepot.grpo.model import load_pretrained
+    from entrepot.grpo.engines.models import load_pretrained
 
     model_dir = tiny_model_dir(tmp_path / "model")
     data = tmp_path / "d.jsonl"

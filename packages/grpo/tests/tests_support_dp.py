@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from test_update import ADVANTAGES, SKEWED, _config, _rows, _update
 
-from entrepot.grpo.update import DataParallel
+from entrepot.grpo.algo.update import DataParallel
 
 
 def free_port() -> int:

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import torch
 
+from entrepot.grpo.algo.optim import build_optimizer
+from entrepot.grpo.algo.sequences import ResponseBatch, response_logprobs
+from entrepot.grpo.algo.update import UpdateInputs, ppo_update
 from entrepot.grpo.config import load_config
-from entrepot.grpo.megatron import MegatronTrainer, init_model_parallel
-from entrepot.grpo.model import build_model
-from entrepot.grpo.optim import build_optimizer
-from entrepot.grpo.sequences import ResponseBatch, response_logprobs
-from entrepot.grpo.update import UpdateInputs, ppo_update
+from entrepot.grpo.engines.megatron import MegatronTrainer, init_model_parallel
+from entrepot.grpo.engines.models import build_model
 
 VOCAB = 14
 

@@ -109,8 +109,8 @@ def built_default_dir(path: Path, seed: int) -> Path:
     import torch
 
     from entrepot.grpo import load_config
-    from entrepot.grpo.data import build_task
-    from entrepot.grpo.model import build_model
+    from entrepot.grpo.data.sources import build_task
+    from entrepot.grpo.engines.models import build_model
 
     config = load_config(None, [])
     tok = build_task(config).tokenizer

@@ -3,7 +3,7 @@
 Versions come from package metadata and extras from `importlib.util.find_spec` (nothing heavy is
 imported to name them: megatron.core alone takes seconds), devices from torch and /proc/meminfo,
 Ray's address and auth mode from the config and the environment as Ray 2.60's `ray.init` reads
-them (Ray is not started), and the memory figures from `entrepot.grpo.memory.estimate_memory`.
+them (Ray is not started), and the memory figures from `entrepot.grpo.run.memory.estimate_memory`.
 The doctor reports and never refuses: a config that does not fit is a line of the report.
 """
 
@@ -22,7 +22,7 @@ from entrepot.cli.versions import ENTREPOT_DISTRIBUTIONS, STACK_DISTRIBUTIONS
 
 if TYPE_CHECKING:
     from entrepot.grpo.config import GRPOConfig
-    from entrepot.grpo.memory import MemoryEstimate
+    from entrepot.grpo.run.memory import MemoryEstimate
 
 GIB = 2**30
 
@@ -46,7 +46,7 @@ class Section:
 
 def build_report(config: GRPOConfig) -> list[Section]:
     """Every section of the report for `config` (the memory estimate may raise a user error)."""
-    from entrepot.grpo.memory import estimate_memory
+    from entrepot.grpo.run.memory import estimate_memory
 
     estimate = estimate_memory(config)
     return [

@@ -49,7 +49,7 @@ def validate(
     """Check a configuration without running it: keys, types, values, combinations, this machine, and
     the inputs (the model directory's config and tokenizer, every prompt of the prompt files)."""
     from entrepot.grpo.config import load_config
-    from entrepot.grpo.preflight import check_inputs, check_machine
+    from entrepot.grpo.run.preflight import check_inputs, check_machine
 
     with user_errors():
         resolved = load_config(path, overrides or [])

@@ -68,8 +68,8 @@ def run_training(request: TrainRequest) -> int:
     from entrepot.cli._live import TrainDisplay
     from entrepot.cli._report import print_summary, write_plot
     from entrepot.grpo import train
-    from entrepot.grpo.checkpoint import checkpoint_step
     from entrepot.grpo.errors import StageError
+    from entrepot.grpo.run.checkpoint import checkpoint_step
 
     metrics_path = run_dir / config.logging.metrics_file
     # What a resume continues from is the newest checkpoint, not metrics.jsonl (which may hold steps
@@ -123,7 +123,7 @@ def _stage_failed(error: StageError, run_dir: Path, console: Console) -> int:
     """Report a failed stage on one line, keep the worker's traceback in the run's error.log."""
     from rich.markup import escape
 
-    from entrepot.grpo.checkpoint import latest_checkpoint
+    from entrepot.grpo.run.checkpoint import latest_checkpoint
 
     log = run_dir / ERROR_LOG
     log.write_text(f"{error}\n\n{error.details or '(no traceback: the worker did not answer)'}")

@@ -14,7 +14,7 @@ from entrepot.grpo.errors import GRPOConfigError, GRPOError
 
 if TYPE_CHECKING:
     from entrepot.grpo.api import TrainResult, evaluate, train
-    from entrepot.grpo.memory import MemoryEstimate, estimate_memory
+    from entrepot.grpo.run.memory import MemoryEstimate, estimate_memory
 
 __all__ = [
     "GRPOConfig",
@@ -36,8 +36,8 @@ _LAZY = {
     "train": "api",
     "evaluate": "api",
     "TrainResult": "api",
-    "estimate_memory": "memory",
-    "MemoryEstimate": "memory",
+    "estimate_memory": "run.memory",
+    "MemoryEstimate": "run.memory",
 }
 
 

@@ -49,8 +49,8 @@ def train(
     Returns:
         TrainResult; on Ctrl-C a checkpoint is written and the result has ``interrupted=True``.
     """
-    from entrepot.grpo.preflight import check_inputs, check_machine
-    from entrepot.grpo.ray_start import start_ray_while_importing
+    from entrepot.grpo.run.preflight import check_inputs, check_machine
+    from entrepot.grpo.run.ray_start import start_ray_while_importing
 
     check_machine(config)
     check_inputs(config)
@@ -59,7 +59,7 @@ def train(
         on_startup("starting Ray and loading the trainer" if config.uses_ray() else "loading the trainer")
     if config.uses_ray():  # Ray's processes boot while the trainer's modules import
         start_ray_while_importing(config, ["entrepot.grpo.trainer"])
-    from entrepot.grpo import checkpoint as ckpt
+    from entrepot.grpo.run import checkpoint as ckpt
     from entrepot.grpo.trainer import Trainer
 
     run = Path(run_dir)
@@ -90,7 +90,7 @@ def evaluate(path: str | Path, num_prompts: int | None = None) -> dict[str, floa
 
     Runs in this process: builds the actor from the checkpoint's own config and loads its weights.
     """
-    from entrepot.grpo import checkpoint as ckpt
+    from entrepot.grpo.run import checkpoint as ckpt
     from entrepot.grpo.workers import ActorWorker
 
     target = Path(path)

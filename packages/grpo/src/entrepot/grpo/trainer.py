@@ -31,13 +31,13 @@ from typing import Any
 import torch
 
 from entrepot.dock import DockStateError
-from entrepot.grpo import checkpoint as ckpt
+from entrepot.grpo.algo.losses import group_advantages, keep_varied_groups, sequence_kl
 from entrepot.grpo.config import GRPOConfig, config_to_dict
-from entrepot.grpo.data import build_task, encode_prompt
+from entrepot.grpo.data.sources import build_task, encode_prompt
+from entrepot.grpo.embedded.threads import configure_threads
 from entrepot.grpo.errors import CheckpointError
-from entrepot.grpo.losses import group_advantages, keep_varied_groups, sequence_kl
-from entrepot.grpo.metrics import MetricsWriter, dock_step_metrics, merge_rank_metrics
-from entrepot.grpo.threads import configure_threads
+from entrepot.grpo.run import checkpoint as ckpt
+from entrepot.grpo.run.metrics import MetricsWriter, dock_step_metrics, merge_rank_metrics
 from entrepot.grpo.workers import (
     ActorWorker,
     Pending,
@@ -121,7 +121,7 @@ class Trainer:
     def _tokenizer(self) -> Any:
         if self.config.model.path is None:
             return None
-        from entrepot.grpo.model import load_tokenizer
+        from entrepot.grpo.engines.models import load_tokenizer
 
         return load_tokenizer(self.config.model.path)
 

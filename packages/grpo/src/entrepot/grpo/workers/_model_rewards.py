@@ -15,7 +15,7 @@ import torch
 
 from entrepot.dock import Batch, DockClient
 from entrepot.grpo.config import GRPOConfig
-from entrepot.grpo.frozen import FrozenOnDemand
+from entrepot.grpo.engines.frozen import FrozenOnDemand
 from entrepot.grpo.workers._stage import SEQUENCE_COLUMNS, DockReader
 
 __all__ = ["MODEL_SCORES", "MODEL_STAGE", "ModelRewards"]
@@ -34,7 +34,7 @@ class ModelRewards:
     """
 
     def __init__(self, config: GRPOConfig, tokenizer: Any, *, offload: bool) -> None:
-        from entrepot.grpo.reward_model import load_reward_model
+        from entrepot.grpo.engines.reward_model import load_reward_model
 
         self.config, self.tokenizer = config, tokenizer
         self.models = [

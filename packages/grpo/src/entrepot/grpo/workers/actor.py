@@ -25,16 +25,16 @@ from typing import Any
 import torch
 
 from entrepot.dock import Batch, DockClient
+from entrepot.grpo.algo.sequences import ResponseBatch
+from entrepot.grpo.algo.update import DataParallel, UpdateInputs
 from entrepot.grpo.config import GRPOConfig
+from entrepot.grpo.embedded.threads import configure_threads, use_deterministic_kernels
+from entrepot.grpo.engines.frozen import device_bytes
+from entrepot.grpo.engines.policy import Policy, build_policy
+from entrepot.grpo.engines.rollout_embedded import SamplingParams
+from entrepot.grpo.engines.rollout_vllm import VllmRolloutEngine
 from entrepot.grpo.errors import LogpMismatchError
-from entrepot.grpo.evaluation import greedy_eval
-from entrepot.grpo.frozen import device_bytes
-from entrepot.grpo.policy import Policy, build_policy
-from entrepot.grpo.rollout import SamplingParams
-from entrepot.grpo.rollout_vllm import VllmRolloutEngine
-from entrepot.grpo.sequences import ResponseBatch
-from entrepot.grpo.threads import configure_threads, use_deterministic_kernels
-from entrepot.grpo.update import DataParallel, UpdateInputs
+from entrepot.grpo.run.evaluation import greedy_eval
 from entrepot.grpo.workers._memory import PhaseMemory, Sample
 from entrepot.grpo.workers._model_rewards import MODEL_STAGE, ModelRewards
 from entrepot.grpo.workers._partial_rollout import partial_round
@@ -135,14 +135,14 @@ class ActorWorker:
         if config.engine.train == "megatron":  # the process group and megatron's parallel state first
             from megatron.core import parallel_state as mpu
 
-            from entrepot.grpo.megatron import init_model_parallel
+            from entrepot.grpo.engines.megatron import init_model_parallel
 
             init_model_parallel(config, self.rank.rank, self.rank.world_size, dist_init)
             group = mpu.get_model_parallel_group() if self.rank.model_parallel_size > 1 else None
         elif self.rank.world_size > 1:
             import torch.distributed as dist
 
-            from entrepot.grpo.update import process_group_backend
+            from entrepot.grpo.algo.update import process_group_backend
 
             dist.init_process_group(
                 process_group_backend(config.engine.device), init_method=dist_init,
@@ -441,7 +441,7 @@ class ActorWorker:
 
     def export_hf(self, directory: str) -> None:
         """Rank 0 writes the policy as an HF model directory (every rank joins the resharding)."""
-        from entrepot.grpo.policy import export_hf
+        from entrepot.grpo.engines.policy import export_hf
 
         manager = self.policy.manager
         if isinstance(self.policy.engine, VllmRolloutEngine):  # vLLM: its weights are kernel-packed
@@ -460,14 +460,14 @@ class ActorWorker:
 
     def state(self) -> dict[str, Any]:
         """Model, reference, optimizer, scheduler and RNG state (tensors + JSON-able values)."""
-        from entrepot.grpo.checkpoint import capture_state
+        from entrepot.grpo.run.checkpoint import capture_state
 
         with self._all_state_resident():
             return capture_state(self.policy)
 
     def load_state(self, states: Sequence[dict[str, Any]]) -> None:
         """Restore `states[rank]` (one `state()` per rank, as a checkpoint reads them back)."""
-        from entrepot.grpo.checkpoint import restore_state
+        from entrepot.grpo.run.checkpoint import restore_state
 
         with self._all_state_resident():
             restore_state(self.policy, states[self.rank.rank])

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from entrepot.grpo.config import GRPOConfig
-from entrepot.grpo.ray_start import start_ray
+from entrepot.grpo.run.ray_start import start_ray
 from entrepot.grpo.workers._model_rewards import MODEL_SCORES
 from entrepot.grpo.workers.actor import ActorWorker
 from entrepot.grpo.workers.group import LocalWorkerGroup, RankInfo, WorkerGroup, rank_layout

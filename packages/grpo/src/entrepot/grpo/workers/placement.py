@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from entrepot.grpo.engines.rendezvous import free_local_port
 from entrepot.grpo.errors import GRPOError
-from entrepot.grpo.ports import free_local_port
 from entrepot.grpo.workers.group import RankInfo
 
 __all__ = ["Node", "Placement"]

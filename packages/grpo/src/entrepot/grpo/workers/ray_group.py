@@ -1,6 +1,6 @@
 """The Ray worker group: one actor per rank, in the bundles of a `Placement` (see `placement` for the layout).
 
-Workers take their environment (thread settings) from the Ray job: `entrepot.grpo.ray_start`.
+Workers take their environment (thread settings) from the Ray job: `entrepot.grpo.run.ray_start`.
 
 Ray stays here, in `placement` (and in `entrepot.dock.ray`): the rest of the trainer sees
 `WorkerGroup` and `wait_all`. Errors the driver raises about a rank (it died, it timed out) name

@@ -12,10 +12,10 @@ import time
 import torch
 
 from entrepot.dock import DockClient
-from entrepot.grpo import rewards
 from entrepot.grpo.config import GRPOConfig
-from entrepot.grpo.data import build_task
-from entrepot.grpo.threads import configure_threads
+from entrepot.grpo.data import rewards
+from entrepot.grpo.data.sources import build_task
+from entrepot.grpo.embedded.threads import configure_threads
 from entrepot.grpo.workers._model_rewards import MODEL_SCORES
 from entrepot.grpo.workers._stage import DockReader, stage
 from entrepot.grpo.workers.group import RankInfo
@@ -60,7 +60,7 @@ class RewardWorker:
         rewards.resolve_custom(config.reward.custom)
         tokenizer = None
         if config.model.path is not None:
-            from entrepot.grpo.model import load_tokenizer
+            from entrepot.grpo.engines.models import load_tokenizer
 
             tokenizer = load_tokenizer(config.model.path)
         self.tokenizer = build_task(config, tokenizer).tokenizer

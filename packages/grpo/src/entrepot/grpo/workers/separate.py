@@ -14,7 +14,7 @@ import torch
 
 from entrepot.dock import DockClient
 from entrepot.grpo.config import GRPOConfig
-from entrepot.grpo.threads import configure_threads
+from entrepot.grpo.embedded.threads import configure_threads
 from entrepot.grpo.workers._model_rewards import MODEL_STAGE, ModelRewards
 from entrepot.grpo.workers._stage import SEQUENCE_COLUMNS, DockReader, stage
 from entrepot.grpo.workers.actor import response_batch
@@ -37,7 +37,7 @@ class ReferenceWorker:
     role = "reference"
 
     def __init__(self, config: GRPOConfig, rank: RankInfo | None = None) -> None:
-        from entrepot.grpo.policy import initial_model, load_reference
+        from entrepot.grpo.engines.policy import initial_model, load_reference
 
         configure_threads(config.threads, interop=True)
         self.config = config
@@ -56,7 +56,7 @@ class ReferenceWorker:
     @stage("ref_log_prob")
     def reference_logprobs(self, dock: DockClient, count: int) -> dict[str, float]:
         """Reference log-probs of response tokens (flat, per row) into the dock, `count` rows at a time."""
-        from entrepot.grpo.update import compute_logprobs
+        from entrepot.grpo.algo.update import compute_logprobs
 
         t0 = time.perf_counter()
         n = self.config.rollout.n_samples_per_prompt
@@ -86,8 +86,8 @@ class RewardModelWorker:
     role = "reward_model"
 
     def __init__(self, config: GRPOConfig, rank: RankInfo | None = None) -> None:
-        from entrepot.grpo.data import build_task
-        from entrepot.grpo.model import load_tokenizer
+        from entrepot.grpo.data.sources import build_task
+        from entrepot.grpo.engines.models import load_tokenizer
 
         configure_threads(config.threads, interop=True)
         self.config = config

@@ -1,7 +1,7 @@
 """HF GPT-2's forward over one packed row, written out on the module's own weights (private).
 
 The log-prob and update passes run small batches of short rows, split over threads
-(`entrepot.grpo.lanes`). There the HF module's per-call Python (kwargs, output classes, the
+(`entrepot.grpo.embedded.lanes`). There the HF module's per-call Python (kwargs, output classes, the
 attention-interface dispatch) holds the GIL while the other lane waits (`benchmarks/bench_packing.py`
 prints this forward's actor step against HF's, on one and two lanes). Same modules, same maths
 (tested equal to the HF path in log-probs and gradients); models it does not cover exactly
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from entrepot.grpo.gpt2_model import hf_architecture
+from entrepot.grpo.embedded.gpt2_model import hf_architecture
 
 __all__ = ["packed_logits", "supports"]
 

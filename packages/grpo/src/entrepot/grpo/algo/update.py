@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
-from entrepot.grpo import gpt2_forward
+from entrepot.grpo.algo.losses import loss_normalizer, policy_loss, token_weights
+from entrepot.grpo.algo.optim import AdamW, LRSchedule
+from entrepot.grpo.algo.sequences import ResponseBatch, packed_attention, response_logprobs, segment_index
 from entrepot.grpo.config import AlgorithmConfig, BatchingConfig
-from entrepot.grpo.lanes import run_lanes, split_rows
-from entrepot.grpo.losses import loss_normalizer, policy_loss, token_weights
-from entrepot.grpo.optim import AdamW, LRSchedule
-from entrepot.grpo.sequences import ResponseBatch, packed_attention, response_logprobs, segment_index
+from entrepot.grpo.embedded import gpt2_forward
+from entrepot.grpo.embedded.lanes import run_lanes, split_rows
 
 __all__ = [
     "DataParallel",
@@ -108,7 +108,7 @@ def compute_logprobs(
 ) -> torch.Tensor:
     """Log-probs [R] of every response token of `batch` under `model` (CPU, row after row).
 
-    `lanes` > 1 splits each micro-batch over that many threads (`entrepot.grpo.lanes`).
+    `lanes` > 1 splits each micro-batch over that many threads (`entrepot.grpo.embedded.lanes`).
     """
     out = torch.empty(batch.num_response_tokens, dtype=torch.float32)
     packed = config.remove_padding
@@ -165,7 +165,7 @@ def ppo_update(
     Each mini-batch's loss is `policy_loss` with token weights normalised over the whole (global)
     mini-batch, summed over micro-batches; with `dp` the normalizers and the gradients are summed
     over ranks, so every rank takes the same step. `lanes` > 1 splits each micro-batch over that
-    many threads, their gradients summed in lane order (`entrepot.grpo.lanes`).
+    many threads, their gradients summed in lane order (`entrepot.grpo.embedded.lanes`).
     """
     totals: dict[str, float] = {}
     steps = 0

@@ -1,7 +1,7 @@
 """GRPO maths on tensors: group advantages, KL estimators, the PPO-clip loss, aggregation, schedule.
 
 Nothing here knows about ranks, workers or the dock. Per-token values are flat [R] (the response
-tokens of B rows, row after row: `entrepot.grpo.sequences`). Aggregation is a weight per token
+tokens of B rows, row after row: `entrepot.grpo.algo.sequences`). Aggregation is a weight per token
 whose normalizer the caller counts over the global mini-batch, so data parallelism and
 micro-batching change nothing in the maths. Losses return the scalar loss plus detached diagnostics.
 

@@ -6,9 +6,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from entrepot.grpo import rewards
-from entrepot.grpo.data import TaskSetup, encode_prompt
-from entrepot.grpo.rollout import RolloutEngine, SamplingParams
+from entrepot.grpo.data import rewards
+from entrepot.grpo.data.sources import TaskSetup, encode_prompt
+from entrepot.grpo.engines.rollout_embedded import RolloutEngine, SamplingParams
 
 if TYPE_CHECKING:
     from entrepot.grpo.config import GRPOConfig

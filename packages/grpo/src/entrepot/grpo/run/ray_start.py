@@ -15,7 +15,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from entrepot.grpo.threads import worker_env
+from entrepot.grpo.embedded.threads import worker_env
 
 if TYPE_CHECKING:
     from entrepot.grpo.config import GRPOConfig

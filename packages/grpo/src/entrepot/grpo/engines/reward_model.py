@@ -270,7 +270,7 @@ def _value_head(files: dict[str, Path], hidden_size: int) -> torch.nn.Linear:
 
 
 def _load_tokenizer(directory: Path) -> Any:
-    from entrepot.grpo.model import read_tokenizer
+    from entrepot.grpo.engines.models import read_tokenizer
 
     prefix = f"reward model {str(directory)!r}"
     return read_tokenizer(directory, lambda what: RewardModelError(f"{prefix}: {what}"))

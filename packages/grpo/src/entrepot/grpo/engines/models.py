@@ -1,14 +1,14 @@
 """The training-side policy model: an HF-transformers causal LM, built from a config or loaded locally.
 
 The embedded default is a GPT-2-style decoder (learned absolute positions, LayerNorm, GELU MLP) of
-about 100k parameters built from `ModelConfig`, held as `entrepot.grpo.gpt2_model.EmbeddedGPT2`
+about 100k parameters built from `ModelConfig`, held as `entrepot.grpo.embedded.gpt2_model.EmbeddedGPT2`
 (HF's config fields and parameters, without importing transformers, which lengthens
 start-up); a tiny rotary-only Qwen2 config did not learn the reverse task in the prototype, learned
 positions did. `model.architecture=qwen2` builds a Qwen2
 (the GPU example's 0.5B-class shape, or tiny ones in tests). Dropout is zero so that the PPO ratio
 of an unchanged policy is exactly 1.
 
-Its per-token log-probs (packed or padded) are computed in `entrepot.grpo.sequences`.
+Its per-token log-probs (packed or padded) are computed in `entrepot.grpo.algo.sequences`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ __all__ = [
 
 def build_hf_config(config: ModelConfig, vocab_size: int, *, pad_token_id: int, eos_token_id: int) -> Any:
     """HF's config of the decoder `config` describes (`model_config`, as transformers' own class)."""
-    from entrepot.grpo.gpt2_model import as_hf_config
+    from entrepot.grpo.embedded.gpt2_model import as_hf_config
 
     ours = model_config(config, vocab_size, pad_token_id=pad_token_id, eos_token_id=eos_token_id)
     return as_hf_config(ours)
@@ -67,7 +67,7 @@ def model_config(config: ModelConfig, vocab_size: int, *, pad_token_id: int, eos
             # learns), which megatron's embedding and GPT-2 do not have; generation is told the pad id
             tie_word_embeddings=True,
         )
-    from entrepot.grpo.gpt2_model import EmbeddedGPT2Config
+    from entrepot.grpo.embedded.gpt2_model import EmbeddedGPT2Config
 
     return EmbeddedGPT2Config(
         vocab_size=vocab_size,
@@ -92,7 +92,7 @@ def build_model(
     """A randomly initialised causal LM: an `EmbeddedGPT2` (HF's weights for the seed) or HF's Qwen2."""
     hf_config = model_config(config, vocab_size, pad_token_id=pad_token_id, eos_token_id=eos_token_id)
     if config.architecture == "gpt2":
-        from entrepot.grpo.gpt2_model import EmbeddedGPT2
+        from entrepot.grpo.embedded.gpt2_model import EmbeddedGPT2
 
         return EmbeddedGPT2(hf_config)
     from transformers import AutoModelForCausalLM

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from entrepot.grpo.rollout import SamplingParams
+from entrepot.grpo.engines.rollout_embedded import SamplingParams
 
 __all__ = ["HFRolloutEngine", "unfused_weights"]
 

@@ -2,7 +2,7 @@
 
 On a small shared machine OpenMP's default busy-wait made a tiny model 5-10x slower, so every
 process sets `OMP_WAIT_POLICY` before torch loads (Ray workers get it from the job's environment,
-see `entrepot.grpo.ray_start`) and
+see `entrepot.grpo.run.ray_start`) and
 caps torch's intra- and inter-op threads. `engine.deterministic` asks for deterministic kernels here too.
 """
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.errors import DataError, GRPOConfigError
-from entrepot.grpo.ray_start import joins_a_cluster
+from entrepot.grpo.run.ray_start import joins_a_cluster
 
 __all__ = ["check_inputs", "check_machine"]
 
@@ -93,14 +93,14 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
     (``rl grpo config validate``) every prompt is also encoded, so one too long for
     ``data.max_prompt_tokens`` is found before a run, not at the step that draws it.
     """
-    from entrepot.grpo import rewards
+    from entrepot.grpo.data import rewards
 
     rewards.resolve_custom(config.reward.custom)  # user verifiers import here, as in the reward workers
     for name in config.reward.verifiers:
         rewards.get_verifier(name)
     tokenizer, hf_config = None, None
     if config.model.path is not None:
-        from entrepot.grpo.model import load_model_config, load_tokenizer
+        from entrepot.grpo.engines.models import load_model_config, load_tokenizer
 
         hf_config = load_model_config(config.model.path)
         _check_model_shape(config, hf_config)
@@ -113,13 +113,13 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
             )
     _check_reference(config, hf_config)
     if config.reward.models:
-        from entrepot.grpo.reward_model import check_reward_model_dir
+        from entrepot.grpo.engines.reward_model import check_reward_model_dir
 
         for path in config.reward.models:
             check_reward_model_dir(path)
     if config.data.task not in ("jsonl", "parquet"):
         return
-    from entrepot.grpo.data import FileDataset, build_task, encode_prompt
+    from entrepot.grpo.data.sources import FileDataset, build_task, encode_prompt
 
     setup = build_task(config, tokenizer)  # reads and checks both prompt files
     if every_prompt:
@@ -139,8 +139,8 @@ def _check_reference(config: GRPOConfig, policy: Any) -> None:
     path = config.model.ref_model_load_path
     if path is None:
         return
-    from entrepot.grpo.data import build_task
-    from entrepot.grpo.model import load_model_config, model_config
+    from entrepot.grpo.data.sources import build_task
+    from entrepot.grpo.engines.models import load_model_config, model_config
 
     reference = load_model_config(path, key="model.ref_model_load_path")
     if policy is None:

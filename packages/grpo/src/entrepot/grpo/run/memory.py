@@ -178,7 +178,7 @@ def _reward_model_bytes(config: GRPOConfig) -> int:
     """Float32 bytes of every reward model, from its config.json on the meta device (nothing is read)."""
     from transformers import AutoConfig, AutoModel
 
-    from entrepot.grpo.reward_model import reward_model_kind
+    from entrepot.grpo.engines.reward_model import reward_model_kind
 
     total = 0
     for path in config.reward.models:
@@ -198,8 +198,8 @@ def _policy_on_meta(config: GRPOConfig) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if config.model.path is None:
-        from entrepot.grpo.data import build_task
-        from entrepot.grpo.model import build_hf_config
+        from entrepot.grpo.data.sources import build_task
+        from entrepot.grpo.engines.models import build_hf_config
 
         tok = build_task(config).tokenizer  # the vocabulary the trainer builds the decoder with
         hf_config = build_hf_config(

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from entrepot.grpo.data.tasks import CharTokenizer, PromptSource, Sample, SyntheticTask
 from entrepot.grpo.errors import DataError
-from entrepot.grpo.tasks import CharTokenizer, PromptSource, Sample, SyntheticTask
 
 if TYPE_CHECKING:
     from entrepot.grpo.config import GRPOConfig

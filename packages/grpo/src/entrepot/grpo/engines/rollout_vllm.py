@@ -32,9 +32,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from entrepot.grpo.gpt2_model import hf_architecture
-from entrepot.grpo.memory import vllm_kv_cache_bytes
-from entrepot.grpo.rollout import SamplingParams
+from entrepot.grpo.embedded.gpt2_model import hf_architecture
+from entrepot.grpo.engines.rollout_embedded import SamplingParams
+from entrepot.grpo.run.memory import vllm_kv_cache_bytes
 from entrepot.resharding import ChecksumMismatchError
 from entrepot.resharding.engines.vllm import VllmInferenceEngine
 

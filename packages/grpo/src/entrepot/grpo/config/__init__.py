@@ -11,8 +11,8 @@ This module imports no torch so that the CLI's `--help` stays fast.
 
 from __future__ import annotations
 
-from entrepot.grpo._config_loading import config_from_dict, config_to_dict, dump_yaml, load_config
-from entrepot.grpo._config_sections import (
+from entrepot.grpo.config.loading import config_from_dict, config_to_dict, dump_yaml, load_config
+from entrepot.grpo.config.sections import (
     AlgorithmConfig,
     BatchingConfig,
     CheckpointConfig,

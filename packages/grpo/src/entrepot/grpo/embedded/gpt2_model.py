@@ -4,7 +4,7 @@ Importing transformers lengthens the default run's start-up, before its first st
 structure scan, and for its models torch.distributed.tensor and more (`bench_grpo.py --vs-trl`
 prints the start-up). The default run needs none
 of that code: its log-prob and update passes are written out on the weights
-(`entrepot.grpo.gpt2_forward`), and its rollout engine keeps its own layout. So `EmbeddedGPT2`
+(`entrepot.grpo.embedded.gpt2_forward`), and its rollout engine keeps its own layout. So `EmbeddedGPT2`
 holds the parameters under HF's names and layout (Conv1D weights [in, out], tied embeddings),
 initialised exactly as HF's `GPT2LMHeadModel` is for the same seed (tested equal), and
 `EmbeddedGPT2Config` holds GPT2Config's fields under its names (`to_hf()` gives HF's).
@@ -138,7 +138,7 @@ class EmbeddedGPT2(nn.Module):
     """GPT-2 with tied embeddings and no dropout, in HF's parameter names.
 
     Args:
-        config: an `EmbeddedGPT2Config` (what `entrepot.grpo.model.model_config` builds) or an HF
+        config: an `EmbeddedGPT2Config` (what `entrepot.grpo.engines.models.model_config` builds) or an HF
             `GPT2Config`, with `tie_word_embeddings` and zero dropout; anything else raises ValueError.
     """
 

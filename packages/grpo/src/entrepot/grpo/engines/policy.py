@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from entrepot.grpo.algo.optim import build_optimizer
 from entrepot.grpo.config import GRPOConfig
-from entrepot.grpo.data import TaskSetup, build_task
-from entrepot.grpo.gpt2_model import as_hf_config, hf_architecture
-from entrepot.grpo.model import build_model, load_pretrained
-from entrepot.grpo.optim import build_optimizer
-from entrepot.grpo.rollout import GPT2RolloutEngine, SamplingParams
+from entrepot.grpo.data.sources import TaskSetup, build_task
+from entrepot.grpo.embedded.gpt2_model import as_hf_config, hf_architecture
+from entrepot.grpo.engines.models import build_model, load_pretrained
+from entrepot.grpo.engines.rollout_embedded import GPT2RolloutEngine, SamplingParams
 
 if TYPE_CHECKING:  # resharding is imported where a manager is built, as below
     from entrepot.resharding import OptimizerState
@@ -112,7 +112,7 @@ def build_policy(config: GRPOConfig, run_dir: str | Path | None = None) -> Polic
     """Build (or load from `model.path`) the policy; every rank builds identical initial weights.
 
     With engine.train=megatron, megatron-core's parallel state must be initialised already
-    (`entrepot.grpo.megatron.init_model_parallel`). With engine.rollout=vllm the built default model
+    (`entrepot.grpo.engines.megatron.init_model_parallel`). With engine.rollout=vllm the built default model
     is saved for vLLM as `run_dir`/rollout_model (a temporary directory when `run_dir` is None).
     The reference is co-located here unless `resources.colocate` is false (its own workers).
     """
@@ -139,7 +139,7 @@ def _torch_policy(
     run_dir: str | Path | None,
 ) -> tuple[Any, Any, Any]:  # fmt: skip
     """The HF module trained in this process, and its rollout engine joined by a local layout conversion."""
-    from entrepot.grpo.train_torch import TorchTrainer
+    from entrepot.grpo.engines.train_torch import TorchTrainer
     from entrepot.resharding import LocalResharder
     from entrepot.resharding.adaptors import get_adaptor
     from entrepot.resharding.engines.torch import TorchTrainingEngine
@@ -163,7 +163,7 @@ def _megatron_policy(
     run_dir: str | Path | None,
 ) -> tuple[Any, Any, Any]:  # fmt: skip
     """megatron-core chunks of this rank, resharded every rollout into whole weights for the engine."""
-    from entrepot.grpo.megatron import MegatronTrainer
+    from entrepot.grpo.engines.megatron import MegatronTrainer
     from entrepot.resharding import ParallelLayout, Resharder
 
     trainer = MegatronTrainer(config, model, own_reference)
@@ -190,7 +190,7 @@ def _rollout_engine(
     the fused inference layout; other architectures an HF copy, in HF names.
     """
     if config.engine.rollout == "vllm":
-        from entrepot.grpo.rollout_vllm import VllmRolloutEngine, save_model_dir
+        from entrepot.grpo.engines.rollout_vllm import VllmRolloutEngine, save_model_dir
 
         model_dir = config.model.path
         if model_dir is None and run_dir is not None:
@@ -209,7 +209,7 @@ def _rollout_engine(
         return GPT2RolloutEngine.from_hf_config(
             model.config, device=config.engine.device, lanes=lanes
         ), "infer"
-    from entrepot.grpo.rollout_hf import HFRolloutEngine
+    from entrepot.grpo.engines.rollout_hf import HFRolloutEngine
 
     module = copy.deepcopy(model) if copy_module else model
     return HFRolloutEngine(module.requires_grad_(False).eval().to(config.engine.device)), "hf"
@@ -244,8 +244,8 @@ def export_hf(
     """
     from transformers import AutoModelForCausalLM
 
-    from entrepot.grpo.rollout import gpt2_infer_to_hf
-    from entrepot.grpo.rollout_hf import unfused_weights
+    from entrepot.grpo.engines.rollout_embedded import gpt2_infer_to_hf
+    from entrepot.grpo.engines.rollout_hf import unfused_weights
 
     out = Path(directory)
     engine = policy.engine

@@ -24,21 +24,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from entrepot.grpo.config import GRPOConfig
-from entrepot.grpo.errors import GRPOConfigError
-from entrepot.grpo.frozen import FrozenOnDemand
-from entrepot.grpo.gpt2_model import hf_architecture
-from entrepot.grpo.losses import loss_normalizer
-from entrepot.grpo.megatron.vocab_parallel import vocab_parallel_logprobs
-from entrepot.grpo.ports import free_local_port
-from entrepot.grpo.sequences import ResponseBatch, segment_index
-from entrepot.grpo.update import (
+from entrepot.grpo.algo.losses import loss_normalizer
+from entrepot.grpo.algo.sequences import ResponseBatch, segment_index
+from entrepot.grpo.algo.update import (
     DataParallel,
     UpdateInputs,
     micro_batch_loss,
     micro_batches,
     process_group_backend,
 )
+from entrepot.grpo.config import GRPOConfig
+from entrepot.grpo.embedded.gpt2_model import hf_architecture
+from entrepot.grpo.engines.frozen import FrozenOnDemand
+from entrepot.grpo.engines.megatron.vocab_parallel import vocab_parallel_logprobs
+from entrepot.grpo.engines.rendezvous import free_local_port
+from entrepot.grpo.errors import GRPOConfigError
 
 __all__ = ["MegatronTrainer", "init_model_parallel"]
 
@@ -420,8 +420,8 @@ def _optimizer(config: GRPOConfig, chunks: list[torch.nn.Module]) -> Any:
 
 def _scheduler(config: GRPOConfig, optimizer: Any) -> torch.optim.lr_scheduler.LambdaLR:
     """The torch engine's LR schedule on the torch optimizer inside megatron's."""
-    from entrepot.grpo.optim import lr_lambda
-    from entrepot.grpo.policy import total_optimizer_steps
+    from entrepot.grpo.algo.optim import lr_lambda
+    from entrepot.grpo.engines.policy import total_optimizer_steps
 
     inners = [getattr(o, "optimizer", None) for o in getattr(optimizer, "chained_optimizers", [optimizer])]
     if len(inners) != 1 or not isinstance(inners[0], torch.optim.Optimizer):

@@ -23,9 +23,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from entrepot.grpo import gpt2_forward
-from entrepot.grpo.gpt2_model import EmbeddedGPT2
-from entrepot.grpo.shared_prefix import cached_shared_prefix_layout, segment_starts, shared_prefix_attention
+from entrepot.grpo.embedded import gpt2_forward
+from entrepot.grpo.embedded.gpt2_model import EmbeddedGPT2
+from entrepot.grpo.embedded.shared_prefix import (
+    cached_shared_prefix_layout,
+    segment_starts,
+    shared_prefix_attention,
+)
 
 __all__ = ["PACKED_ATTENTION", "ResponseBatch", "packed_attention", "response_logprobs", "segment_index"]
 
@@ -166,8 +170,9 @@ def _no_mask(*args: Any, **kwargs: Any) -> None:
 def packed_attention(model: torch.nn.Module) -> Iterator[None]:
     """`model` (an HF module) attends with the varlen kernel inside the block; re-entering is a no-op.
 
-    The attention choice lives on the shared config, so threads running one model (`entrepot.grpo.lanes`)
-    enter this once around all of them: a per-call switch would restore it under another thread's feet.
+    The attention choice lives on the shared config, so threads running one model
+    (`entrepot.grpo.embedded.lanes`) enter this once around all of them: a per-call switch would
+    restore it under another thread's feet.
     """
     from transformers import AttentionInterface, AttentionMaskInterface
 
@@ -190,8 +195,8 @@ def packed_attention(model: torch.nn.Module) -> Iterator[None]:
 def _packed_logits(model: torch.nn.Module, batch: ResponseBatch, keep: torch.Tensor) -> torch.Tensor:
     """Logits [R, V] at flat positions `keep` of the packed row (the LM head runs on those only).
 
-    Rows that share a prompt (a GRPO group) run it once (`entrepot.grpo.shared_prefix`). GPT-2
-    runs the written-out forward of `entrepot.grpo.gpt2_forward`, other models HF's.
+    Rows that share a prompt (a GRPO group) run it once (`entrepot.grpo.embedded.shared_prefix`). GPT-2
+    runs the written-out forward of `entrepot.grpo.embedded.gpt2_forward`, other models HF's.
     """
     device = _device_of(model)
     layout = cached_shared_prefix_layout(batch.tokens, batch.prompt_lengths, batch.response_lengths)

@@ -1,6 +1,6 @@
 """Split one micro-batch's forward (and backward) over CPU threads, so a small machine's cores all work.
 
-Every torch process here runs one intra-op thread (see `entrepot.grpo.threads`: spinning OpenMP
+Every torch process here runs one intra-op thread (see `entrepot.grpo.embedded.threads`: spinning OpenMP
 threads made small jobs 5-10x slower), and torch releases the GIL inside each op. So two Python
 threads, each running the model on about half of a micro-batch's tokens, keep two cores busy. Results
 come back in lane order and are combined in that order (gradients: lane 0 + lane 1 + ...), so a run

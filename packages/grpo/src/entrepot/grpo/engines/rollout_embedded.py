@@ -24,7 +24,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from entrepot.grpo.lanes import run_lanes
+from entrepot.grpo.embedded.lanes import run_lanes
 from entrepot.resharding.adaptors.gpt2 import gpt2_activation
 
 __all__ = [
@@ -154,7 +154,7 @@ class GPT2RolloutEngine:
         layer_norm_eps: LayerNorm epsilon of the checkpoint.
         activation: the MLP activation, as HF GPT-2 names it (``activation_function``).
         lanes: threads a batch is decoded on, each taking a contiguous part of the rows
-            (`entrepot.grpo.lanes`); the samples do not depend on it (see `generate_with_logprobs`).
+            (`entrepot.grpo.embedded.lanes`); the samples do not depend on it (see `generate_with_logprobs`).
     """
 
     def __init__(

@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from entrepot.grpo._manifest import MANIFEST, Manifest, fsync_directory, verify_manifest, write_manifest
 from entrepot.grpo.errors import CheckpointError
+from entrepot.grpo.run.manifest import MANIFEST, Manifest, fsync_directory, verify_manifest, write_manifest
 
 if TYPE_CHECKING:
-    from entrepot.grpo.policy import Policy
+    from entrepot.grpo.engines.policy import Policy
 
 __all__ = [
     "Manifest",

@@ -1,6 +1,6 @@
 """The torch training engine (`engine.train: torch`): an HF module, data parallel, on one device per rank.
 
-`TorchTrainer` and `entrepot.grpo.megatron.MegatronTrainer` are the two `Trainer`s an actor rank
+`TorchTrainer` and `entrepot.grpo.engines.megatron.MegatronTrainer` are the two `Trainer`s an actor rank
 holds; the worker calls the same methods on either (log-probs, update, state for checkpoints).
 """
 
@@ -11,11 +11,11 @@ from typing import Protocol
 
 import torch
 
+from entrepot.grpo.algo.optim import AdamW, LRSchedule
+from entrepot.grpo.algo.sequences import ResponseBatch
+from entrepot.grpo.algo.update import DataParallel, UpdateInputs, compute_logprobs, ppo_update
 from entrepot.grpo.config import GRPOConfig
-from entrepot.grpo.frozen import FrozenOnDemand
-from entrepot.grpo.optim import AdamW, LRSchedule
-from entrepot.grpo.sequences import ResponseBatch
-from entrepot.grpo.update import DataParallel, UpdateInputs, compute_logprobs, ppo_update
+from entrepot.grpo.engines.frozen import FrozenOnDemand
 
 __all__ = ["TorchTrainer", "Trainer"]
 
@@ -71,7 +71,7 @@ class TorchTrainer:
         reference: the frozen reference (a copy of the initial model, or `model.ref_model_load_path`),
             or None (kl_coef = 0, or a separate reference worker); offloaded outside its stage when
             `engine.reference_offloaded`.
-        optimizer, scheduler: from `entrepot.grpo.optim.build_optimizer`.
+        optimizer, scheduler: from `entrepot.grpo.algo.optim.build_optimizer`.
         pad_token_id: fill of padded grids.
     """
 
@@ -90,7 +90,7 @@ class TorchTrainer:
         self.config, self.model, self.reference = config, model, reference
         self.optimizer, self._scheduler, self.pad_token_id = optimizer, scheduler, pad_token_id
         self.dp: DataParallel | None = None  # set by the worker once torch.distributed is up
-        self.lanes = config.compute_lanes()  # threads per micro-batch (entrepot.grpo.lanes)
+        self.lanes = config.compute_lanes()  # threads per micro-batch (entrepot.grpo.embedded.lanes)
         reference_params = [] if reference is None else list(reference.parameters())
         self.frozen_reference = FrozenOnDemand(reference_params, offload=config.engine.reference_offloaded)
 

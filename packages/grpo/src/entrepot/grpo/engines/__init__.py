@@ -1,0 +1,1 @@
+"""Train engines (torch, megatron-core), rollout engines (embedded, HF, vLLM), reward models."""
