@@ -25,6 +25,7 @@ def test_help_lists_the_sub_apps(runner: CliRunner) -> None:
 HEAVY = ("torch", "ray", "transformers", "matplotlib")
 
 
+@pytest.mark.integration  # a fresh interpreter per case (subprocess)
 @pytest.mark.parametrize(
     ("args", "not_loaded"),
     [
@@ -46,6 +47,7 @@ def test_quick_answers_import_no_heavy_package(args: list[str], not_loaded: tupl
     assert "HEAVY []" in done.stdout, done.stdout + done.stderr
 
 
+@pytest.mark.integration  # a fresh interpreter (subprocess)
 def test_shell_completion_completes_sub_commands() -> None:
     env = {**os.environ, "_RL_COMPLETE": "complete_bash", "COMP_WORDS": "rl grpo con", "COMP_CWORD": "2"}
     done = subprocess.run([sys.executable, "-c", _MAIN], capture_output=True, text=True, env=env)

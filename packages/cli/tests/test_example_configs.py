@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from entrepot.cli.app import app
@@ -43,6 +44,7 @@ RUN_BY = {
 }
 
 
+@pytest.mark.integration  # a training run
 def test_local_hf_jsonl_config_trains_on_cpu(
     runner: CliRunner, configs_dir: Path, tmp_path: Path, local_model_files: tuple[Path, Path]
 ) -> None:
@@ -61,6 +63,7 @@ def test_local_hf_jsonl_config_trains_on_cpu(
     assert "GRPO run summary" in result.stdout
 
 
+@pytest.mark.integration  # a training run
 def test_addition_config_trains(runner: CliRunner, configs_dir: Path, tmp_path: Path) -> None:
     # One process instead of Ray keeps this check of the config itself quick.
     args = ["grpo", "train", "-c", str(configs_dir / "addition.yaml"), "-o", str(tmp_path), "--max-steps=2"]
@@ -73,6 +76,7 @@ def test_addition_config_trains(runner: CliRunner, configs_dir: Path, tmp_path: 
     assert [r["step"] for r in records] == [1, 2] and "accuracy" in records[-1]
 
 
+@pytest.mark.integration  # a training run
 def test_megatron_tp2_config_trains_and_reward_rises(
     runner: CliRunner, configs_dir: Path, tmp_path: Path
 ) -> None:
@@ -97,6 +101,7 @@ def test_megatron_tp2_config_trains_and_reward_rises(
     assert last > first + 0.1, (first, last)
 
 
+@pytest.mark.integration  # a training run
 def test_gpu_megatron_config_trains_one_step_on_cpu(
     runner: CliRunner, configs_dir: Path, tmp_path: Path
 ) -> None:

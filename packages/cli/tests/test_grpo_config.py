@@ -39,6 +39,7 @@ def test_show_applies_file_then_overrides(runner: CliRunner, tmp_path: Path) -> 
         (["rollout.n_samples_per_prompt=many"], "rollout.n_samples_per_prompt ('many') must be int"),
         (["algorithm.mini_batch_size=12"], "algorithm.mini_batch_size (12) must be a multiple of"),
         (["data.task=sorting"], "data.task ('sorting') must be one of"),
+        (["model.max_positions=12"], "model.max_positions (12) must be >= 17 (prompt + response tokens"),
         (["-c", "missing.yaml"], "'missing.yaml' does not exist"),
         (["kl_coef"], "override 'kl_coef' must look like section.key=value"),
     ],
@@ -128,8 +129,17 @@ def _not_a_model(tmp_path: Path) -> Path:
         (lambda tmp: [f"model.path={_not_a_model(tmp)}"], "): its tokenizer is empty (no tokenizer files"),
         (lambda tmp: ["data.task=jsonl", f"data.train_path={tmp}/p.jsonl"], "model.path (None) must be"),
         (lambda tmp: ["reward.custom={x: nope:f}", "reward.verifiers={x: 1}"], "cannot be imported"),
+        (lambda tmp: ["model.max_positions=12"], "model.max_positions (12) must be >= 17"),
+        (lambda tmp: ["batching.update.max_tokens=4"], "batching.update.max_tokens (4) must be >= 17"),
     ],
-    ids=["not-a-directory-with-config", "no-tokenizer-files", "file-task-without-model", "custom-verifier"],
+    ids=[
+        "not-a-directory-with-config",
+        "no-tokenizer-files",
+        "file-task-without-model",
+        "custom-verifier",
+        "positions-below-the-longest-sequence",
+        "token-budget-below-the-longest-sequence",
+    ],
 )
 def test_validate_refuses_configs_that_cannot_start(
     runner: CliRunner, tmp_path: Path, overrides: Callable[[Path], list[str]], expected: str

@@ -15,7 +15,10 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from tests_support_rl import rl, rl_command, rl_env
+
+pytestmark = pytest.mark.integration  # `rl grpo train` processes, killed and resumed
 
 # In-process workers (no Ray processes to orphan on SIGKILL), a checkpoint every step.
 FAST = [

@@ -25,6 +25,7 @@ def _assert_one_line_error(result: object, expected: str) -> None:
         (["--name", "a/b"], "name ('a/b') must be a non-empty name without '/'"),
         (["algorithm.clip_low=1.5"], "algorithm.clip_low (1.5) must be in [0, 1)"),
         (["rollout.n_samples_per_prompt=1"], "rollout.n_samples_per_prompt (1) must be >= 2"),
+        (["model.max_positions=12"], "model.max_positions (12) must be >= 17"),  # a data-wing check
         (["--config", "nowhere.yaml"], "'nowhere.yaml' does not exist"),
     ],
 )

@@ -14,6 +14,8 @@ from typer.testing import CliRunner
 
 from entrepot.cli.app import app
 
+pytestmark = pytest.mark.integration  # a training run (module fixture), resumed
+
 SMALL = ["eval.num_prompts=16", "logging.tensorboard=false", "checkpoint.keep_last=0", "eval.every=0",
          "resources.use_ray=false", "rollout.prompts_per_step=4", "checkpoint.save_every=1"]  # fmt: skip
 

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from tests_support_rl import metric_steps, rl, rl_command, rl_env
 
+pytestmark = pytest.mark.integration  # `rl grpo train` processes, one on Ray
+
 # Small enough for a shared 2-core machine, big enough that every stage runs (KL > 0: reference too).
 SMALL = [
     "rollout.prompts_per_step=8",

@@ -2,6 +2,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from typer.testing import CliRunner
 
 from entrepot.cli.app import app
@@ -23,6 +24,7 @@ def test_version_lists_every_installed_entrepot_package() -> None:
     assert "torch " in result.output
 
 
+@pytest.mark.integration  # fresh interpreters (subprocess)
 def test_help_starts_in_under_a_second() -> None:
     # Warm the file-system cache once, then time fresh interpreters answering --help. The best of
     # three measures the CLI, not the other jobs competing for this machine's two cores.

@@ -93,7 +93,7 @@ def main() -> None:
         _hash_table(_write_big(root, big), args.repeats)
 
         from entrepot.grpo.trainer import Trainer
-        from entrepot.grpo.workers import ActorWorker
+        from entrepot.grpo.workers import ActorWorker, wait_all
 
         config = load_config(None, ["resources.use_ray=false", "logging.tensorboard=false", "eval.every=0"])
         trainer = Trainer(config, root / "run")
@@ -102,7 +102,7 @@ def main() -> None:
             print(f"\ncheckpoint save, median of {args.repeats} (s); ratio = with / without manifest")
             print(f"{'checkpoint':<26}{'MiB':>8}{'without s':>12}{'with s':>12}{'ratio':>10}{'verify s':>11}")
             _row("default run (1 step)", *_with_and_without(trainer.save, args.repeats), args.repeats)
-            state = trainer.actors.call(ActorWorker.state).handles[0]  # in-process: the result itself
+            state = wait_all([trainer.actors.call(ActorWorker.state)], 60)[0][0]  # rank 0's state
         finally:
             trainer.close()
         big_state = {**state, "model": big}

@@ -38,15 +38,10 @@ def _rows(policy: Policy, config: GRPOConfig, step: int) -> tuple[ResponseBatch,
     repeated = [p for p in prompts for _ in range(n)]
     pad = policy.setup.tokenizer.pad_token_id
     policy.manager.enter_infer_mode()
-    responses = policy.engine.generate(
-        repeated, policy.sampling, pad_token_id=pad, generator=policy.generator
-    )
+    out = policy.engine.generate(repeated, policy.sampling, pad_token_id=pad, generator=policy.generator)
     policy.manager.exit_infer_mode()
-    batch = ResponseBatch.from_packed(
-        torch.cat(repeated), torch.tensor([len(p) for p in repeated]),
-        torch.tensor([t for r in responses for t in r], dtype=torch.int64),
-        torch.tensor([len(r) for r in responses]),
-    )  # fmt: skip
+    batch = ResponseBatch.from_packed(torch.cat(repeated), torch.tensor([len(p) for p in repeated]),
+                                      out.tokens, out.lengths)  # fmt: skip
     return batch, [s.answer for s in samples for _ in range(n)]
 
 
@@ -101,7 +96,8 @@ def run_plain(
         metrics: dict[str, Any] = {"step": step + 1, **plain_step(policy, config, step)}
         if (config.eval.every and (step + 1) % config.eval.every == 0) or step + 1 == config.max_steps:
             policy.manager.enter_infer_mode()
-            metrics.update(greedy_eval(policy.engine, policy.setup, config))
+            metrics.update(greedy_eval(policy.engine, policy.setup, config.reward, config.eval.num_prompts,
+                                       max_prompt_tokens=config.data.max_prompt_tokens))  # fmt: skip
             policy.manager.exit_infer_mode()
         metrics["elapsed"] = time.perf_counter() - start
         history.append(metrics)

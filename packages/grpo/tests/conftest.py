@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,14 +14,48 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).parent))
 
 
-@pytest.fixture(scope="module")
-def ray_session():  # type: ignore[no-untyped-def]
-    """A local Ray whose workers run single-threaded torch and can import this folder's test verifiers."""
-    ray = pytest.importorskip("ray")
-    from entrepot.grpo.config import ThreadsConfig
-    from entrepot.grpo.embedded.threads import worker_env
+_STARTED: list[str] = []  # the GCS address of the Ray `ray_session` started, once it has
 
-    env = {**worker_env(ThreadsConfig()), "PYTHONPATH": str(Path(__file__).parent)}
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
+
+@pytest.fixture(scope="session")
+def _ray_of_the_session():  # type: ignore[no-untyped-def]
+    """Shuts down, at the end of the test session, the Ray that `ray_session` started."""
+    ray = pytest.importorskip("ray")
     yield ray
-    ray.shutdown()
+    if _STARTED and ray.is_initialized():
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_session(_ray_of_the_session):  # type: ignore[no-untyped-def]
+    """A local Ray whose workers run single-threaded torch and can import this folder's test verifiers,
+    started once per test session and shared by the modules that use it (a start costs seconds).
+
+    Each module still starts with every CPU free: a module whose actors still hold CPUs once it is
+    done (a failed run's workers) shuts the Ray down, and the next module starts a fresh one. A Ray
+    that something else started in this process (test_cluster.py's cluster shuts ours down and
+    starts its own) is replaced by ours.
+    """
+    ray = _ray_of_the_session
+    if not (ray.is_initialized() and ray.get_runtime_context().gcs_address in _STARTED):
+        if ray.is_initialized():
+            ray.shutdown()
+        from entrepot.grpo.config import ThreadsConfig
+        from entrepot.grpo.embedded.threads import worker_env
+
+        env = {**worker_env(ThreadsConfig()), "PYTHONPATH": str(Path(__file__).parent)}
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
+        _STARTED[:] = [ray.get_runtime_context().gcs_address]
+    yield ray
+    if not _all_cpus_free(ray):
+        ray.shutdown()
+
+
+def _all_cpus_free(ray, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+    """Whether every CPU of the running Ray is free, waiting up to `timeout` s (actors die asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while ray.available_resources().get("CPU", 0.0) < ray.cluster_resources().get("CPU", 0.0):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True

@@ -28,6 +28,8 @@ from entrepot.grpo.errors import CheckpointError
 from entrepot.grpo.run import checkpoint as ckpt
 from entrepot.grpo.run.metrics import read_metrics
 
+pytestmark = pytest.mark.integration  # training runs
+
 SMALL = ["eval.num_prompts=16", "logging.tensorboard=false", "checkpoint.keep_last=0", "eval.every=0",
          "resources.use_ray=false", "rollout.prompts_per_step=4", "checkpoint.save_every=1"]  # fmt: skip
 FLIPS_PER_FILE = 8

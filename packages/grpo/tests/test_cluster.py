@@ -21,6 +21,8 @@ from entrepot.grpo.run.metrics import read_metrics
 
 ray = pytest.importorskip("ray")
 
+pytestmark = pytest.mark.integration  # a Ray cluster of two nodes, training runs
+
 SMALL = ["eval.num_prompts=64", "logging.tensorboard=false", "checkpoint.keep_last=0", "eval.every=0"]
 STEPS = 50  # enough for the reward to rise on 4 digits
 ACCEL_PER_NODE = 2  # a custom resource on both nodes: room for both replicas on either one

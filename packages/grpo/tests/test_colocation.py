@@ -41,6 +41,7 @@ def _texts(trainer, rows: torch.Tensor) -> tuple[list[str], list[str], list[str]
     return prompts, responses, [tensor_text(a) for a in split("answer")]
 
 
+@pytest.mark.integration  # a trainer's stages
 @pytest.mark.parametrize("mix", ["verifiers", "models", "both"])
 def test_the_reward_stage_gives_the_weighted_sum_whatever_the_mix(
     mix: str, reward_model_dir: Path, tmp_path: Path
@@ -56,7 +57,7 @@ def test_the_reward_stage_gives_the_weighted_sum_whatever_the_mix(
     }[mix]
     trainer = Trainer(load_config(None, [*LOCAL, *overrides]), tmp_path / mix)
     try:
-        rows, _ = trainer._generate(4)  # put prompts, rollout, [reward models], rule reward
+        rows, _ = trainer.grpo_step.generate(4, version=0)  # prompts, rollout, [reward models], rule reward
         out = trainer.dock.peek(["rm_scores", "accuracy"], rows).data  # the same columns for every mix
         prompts, responses, answers = _texts(trainer, rows)
     finally:
@@ -71,6 +72,7 @@ def test_the_reward_stage_gives_the_weighted_sum_whatever_the_mix(
     assert out["accuracy"].tolist() == [float(c >= 1) for c in correct]
 
 
+@pytest.mark.integration  # training runs
 def test_reference_from_its_own_path_is_used_and_kept_on_resume(tmp_path: Path) -> None:
     ref_dir = built_default_dir(tmp_path / "ref", seed=123)
     ref = load_file(str(ref_dir / "model.safetensors"))
@@ -121,6 +123,7 @@ TRAINING_STATE = [f"engine.offload_{part}=true" for part in ("params", "grads", 
 FROZEN_MODELS = ["engine.offload_reference=true", "engine.offload_reward_models=true"]
 
 
+@pytest.mark.integration  # trainers' steps
 def test_co_located_models_are_on_the_device_only_for_their_stage(
     reward_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -158,6 +161,7 @@ def test_co_located_models_are_on_the_device_only_for_their_stage(
     assert all(torch.equal(resident_params[k], offloaded_params[k]) for k in resident_params)
 
 
+@pytest.mark.integration  # workers on Ray
 def test_separate_reference_and_reward_model_workers_on_ray(  # type: ignore[no-untyped-def]
     ray_session, reward_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -50,13 +50,53 @@ def test_yaml_round_trip_and_overrides(tmp_path: Path) -> None:
         ("algorithm.mini_batch_size=12", r"algorithm.mini_batch_size \(12\) must be a multiple of"),
         ("nosection.key=1", "unknown section 'nosection'"),
         ("resources.num_actor_workers=3", r"rollout.prompts_per_step \(32\) must be divisible"),
-        ("model.max_positions=12", r"model.max_positions \(12\) must be >= 17"),
         ("noequals", "must look like section.key=value"),
     ],
 )
 def test_errors_name_key_value_and_allowed(override: str, message: str) -> None:
     with pytest.raises(GRPOConfigError, match=message):
         load_config(None, [override])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["model.max_positions=12"], r"^model.max_positions \(12\) must be >= 17 \(prompt \+ response"),
+        (["data.task=addition", "model.max_positions=26"], r"^model.max_positions \(26\) must be >= 27"),
+        (["rollout.max_new_tokens=30"], r"^model.max_positions \(32\) must be >= 39"),
+        (["batching.update.max_tokens=4"], r"^batching.update.max_tokens \(4\) must be >= 17, the longest"),
+        (
+            ["batching.max_tokens_per_micro_batch=16"],
+            r"^batching.max_tokens_per_micro_batch \(16\) must be >= 17",
+        ),
+        (["dock.shards=33"], r"^dock.shards \(33\) must be <= the dock's prompt groups \(32\)"),
+        (["rollout.partial_max_tokens=3", "dock.shards=97"], r"^dock.shards \(97\) must be <= .* \(96\)"),
+    ],
+)
+def test_sequences_that_do_not_fit_are_refused_before_a_run(overrides: list[str], message: str) -> None:
+    """The task's token lengths are the data wing's: `check_task_fits` (run by preflight) refuses these."""
+    from entrepot.grpo.data.checks import check_task_fits
+    from entrepot.grpo.run.preflight import check_inputs
+
+    config = load_config(None, overrides)  # each section and their combination is valid
+    with pytest.raises(GRPOConfigError, match=message):
+        check_task_fits(config)
+    with pytest.raises(GRPOConfigError, match=message):
+        check_inputs(config)
+
+
+def test_config_imports_no_other_wing() -> None:
+    """The layer rule: config imports errors and itself, never data, engines, run or workers."""
+    import ast
+
+    import entrepot.grpo.config as config_package
+
+    for path in Path(config_package.__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):  # every import, TYPE_CHECKING blocks and function bodies included
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("entrepot.grpo."):
+                wing = node.module.split(".")[2]
+                assert wing in ("config", "errors"), f"{path.name} imports {node.module}"
 
 
 def test_file_errors(tmp_path: Path) -> None:

@@ -14,6 +14,8 @@ from entrepot.grpo.errors import StageError
 from entrepot.grpo.run.metrics import read_metrics
 from entrepot.grpo.trainer import Trainer
 
+pytestmark = pytest.mark.integration  # training runs, some on Ray
+
 LOCAL = ["resources.use_ray=false", "logging.tensorboard=false", "eval.every=0", "rollout.prompts_per_step=4",
          "checkpoint.keep_last=0"]  # fmt: skip
 

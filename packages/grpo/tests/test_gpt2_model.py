@@ -95,6 +95,7 @@ def test_a_config_it_does_not_hold_is_refused(key: str, value: object) -> None:
         EmbeddedGPT2(config)
 
 
+@pytest.mark.integration  # a training run in a subprocess
 def test_the_default_run_imports_neither_transformers_nor_tensordict_nor_dynamo(tmp_path: Path) -> None:
     """Only paths that need transformers, tensordict or torch._dynamo import them; the default run
     (steps, evals, a checkpoint) needs none (torch.optim's optimizers would import torch._dynamo)."""

@@ -13,7 +13,9 @@ from entrepot.grpo import load_config
 from entrepot.grpo.algo.optim import build_optimizer
 from entrepot.grpo.algo.update import UpdateInputs, compute_logprobs, ppo_update
 from entrepot.grpo.embedded import lanes as lanes_module
-from entrepot.grpo.embedded.lanes import run_lanes, split_rows
+from entrepot.grpo.embedded.lanes import compute_lanes, run_lanes, split_rows
+from entrepot.grpo.engines.registry import choose_engines
+from entrepot.grpo.run.deployment import uses_ray
 
 
 def test_split_rows_keeps_order_and_balances_tokens() -> None:
@@ -89,8 +91,18 @@ def test_two_lanes_give_the_log_probs_and_update_of_one() -> None:
     assert out[2][1]["micro_batches"] == out[1][1]["micro_batches"] == 1  # lanes split inside a micro-batch
 
 
+def _lanes(overrides: list[str], cores: int | None = None) -> int:
+    config = load_config(None, overrides)
+    on_ray = uses_ray(config.resources, config.parallel, config.dock, environ={})
+    splits = choose_engines(config.engine).train.lanes
+    return compute_lanes(
+        config.threads, device=config.engine.device, splits=splits, on_ray=on_ray, cores=cores
+    )
+
+
 def test_lanes_default_to_two_cores_in_one_process_only() -> None:
-    cores = min(2, len(os.sched_getaffinity(0)))
-    assert load_config(None, []).compute_lanes() == cores
-    assert load_config(None, ["resources.use_ray=true"]).compute_lanes() == 1
-    assert load_config(None, ["threads.lanes=3"]).compute_lanes() == 3
+    assert _lanes([]) == min(2, len(os.sched_getaffinity(0)))  # this machine's cores, read at the call
+    assert _lanes([], cores=8) == 2 and _lanes([], cores=1) == 1
+    assert _lanes(["resources.use_ray=true"], cores=8) == 1
+    assert _lanes(["engine.device=cuda"], cores=8) == 1
+    assert _lanes(["threads.lanes=3"], cores=1) == 3

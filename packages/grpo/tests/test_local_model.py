@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from tests_support_models import tiny_model_dir
 
 from entrepot.grpo import load_config
 from entrepot.grpo.trainer import Trainer
+
+pytestmark = pytest.mark.integration  # a training run
 
 
 def test_llama_directory_trains_through_hf_rollout_engine(tmp_path: Path) -> None:

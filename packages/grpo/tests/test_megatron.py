@@ -24,6 +24,8 @@ from entrepot.grpo.run.metrics import read_metrics
 
 pytest.importorskip("megatron.core")
 
+pytestmark = pytest.mark.integration  # spawned gloo worlds, training runs, Ray
+
 
 VPP2 = ("model.num_layers=4", "parallel.train.virtual_pipeline=2")  # interleaved: 2 chunks per stage
 QWEN2 = ("model.architecture=qwen2", "model.num_heads=4", "model.num_kv_heads=2",

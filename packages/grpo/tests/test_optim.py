@@ -114,6 +114,7 @@ def test_zero_grad_without_set_to_none_zeroes_in_place() -> None:
     assert all(p.grad is g and not g.any() for p, g in zip(model.parameters(), grads, strict=True))
 
 
+@pytest.mark.integration  # a fresh interpreter (subprocess)
 def test_stepping_does_not_import_dynamo() -> None:
     """Why the class exists: torch.optim's optimizers import torch._dynamo (seconds of start-up)."""
     script = (

@@ -11,7 +11,10 @@ import torch
 from safetensors.torch import load_file
 
 from entrepot.grpo import GRPOConfigError, load_config, train
-from entrepot.grpo.engines.rollout_embedded import GPT2RolloutEngine, SamplingParams
+from entrepot.grpo.data.checks import check_task_fits
+from entrepot.grpo.data.lengths import partial_max_age
+from entrepot.grpo.engines.base import SamplingParams
+from entrepot.grpo.engines.rollout_embedded import GPT2RolloutEngine
 from entrepot.grpo.run.metrics import read_metrics
 from entrepot.grpo.workers._partial_rollout import partial_round
 
@@ -33,7 +36,8 @@ def test_rounds_continue_exactly_where_a_whole_response_would() -> None:
     """Greedy rounds of 5 tokens give the tokens (and log-probs) of one uninterrupted 12-token response."""
     engine, greedy = _engine(), SamplingParams(temperature=0.0, max_new_tokens=12)
     prompts = [torch.tensor([1, 2, 3]), torch.tensor([4, 5])]
-    whole, whole_logp = engine.generate_with_logprobs(prompts, greedy)
+    rollout = engine.generate(prompts, greedy)
+    whole, whole_logp = [r.tolist() for r in rollout.responses()], rollout.response_logprobs()
     empty = (torch.zeros(0, dtype=torch.long), torch.zeros(0), torch.zeros(0, dtype=torch.int32))
     previous, ages = [empty, empty], torch.zeros(2, dtype=torch.int32)
     for version, expect_done in ((7, False), (8, False), (9, True)):
@@ -61,6 +65,7 @@ def test_a_response_at_max_age_is_forced_to_finish() -> None:
     assert out.forced == 1 and out.new_tokens == 12
 
 
+@pytest.mark.integration  # training runs
 @pytest.mark.parametrize("engine", ["torch", "megatron"])
 def test_every_prompt_trains_once_with_versions_and_behaviour_ratios(engine: str, tmp_path: Path) -> None:
     """Groups carry over between steps, finish, and train once; stale tokens move the PPO ratio."""
@@ -70,7 +75,8 @@ def test_every_prompt_trains_once_with_versions_and_behaviour_ratios(engine: str
     finished = sum(r["partial/groups_finished"] for r in rows)
     assert finished + rows[-1]["partial/groups_in_flight"] == 6 * 8  # each prompt: trained or in flight
     assert sum(r.get("partial/tokens_age_2", 0.0) for r in rows) > 0  # responses spanning three steps
-    assert all(f"partial/tokens_age_{config.partial_max_age()}" not in r for r in rows)  # max_age bounds ages
+    max_age = partial_max_age(config.data, config.rollout)
+    assert all(f"partial/tokens_age_{max_age}" not in r for r in rows)  # max_age bounds ages
     assert any(r["partial/rows_continued"] > 0 for r in rows)
     # steps 1-2 finish no group (a response takes up to 3 steps), so the policy first moves in step 3
     stale_steps = [r for r in rows[3:] if r.get("partial/tokens_age_1", 0.0) > 0]
@@ -79,6 +85,7 @@ def test_every_prompt_trains_once_with_versions_and_behaviour_ratios(engine: str
     assert stale_steps and all(r["ratio_max"] > 1 + 1e-3 for r in stale_steps)
 
 
+@pytest.mark.integration  # training runs
 def test_max_age_forces_completions_and_staleness_drops_old_groups(tmp_path: Path) -> None:
     forced = load_config(None, [*SMALL, "max_steps=4", "rollout.partial_max_tokens=2", "rollout.max_age=2"])
     train(forced, tmp_path / "forced")
@@ -96,6 +103,7 @@ def test_max_age_forces_completions_and_staleness_drops_old_groups(tmp_path: Pat
     assert ages == {"partial/tokens_age_0", "partial/tokens_age_1"}
 
 
+@pytest.mark.integration  # training runs
 def test_resume_with_responses_in_flight_is_bit_identical(tmp_path: Path) -> None:
     """The checkpoint's dock holds the unfinished responses, their log-probs and versions."""
     config = load_config(None, [*PARTIAL, "max_steps=4", "checkpoint.save_every=2"])
@@ -111,6 +119,7 @@ def test_resume_with_responses_in_flight_is_bit_identical(tmp_path: Path) -> Non
     assert read_metrics(full / "metrics.jsonl")[2]["partial/rows_continued"] > 0  # step 3 continued some
 
 
+@pytest.mark.integration  # training runs on Ray
 def test_overlapping_stages_through_ray_train_the_same_groups(ray_session, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """With resources.blocking=false the reward stage runs beside the rollout and must wait for rows
     still being continued (the rollout holds them under a lease), not end early."""
@@ -145,5 +154,5 @@ def test_overlapping_stages_through_ray_train_the_same_groups(ray_session, tmp_p
     ],
 )
 def test_config_refuses_what_partial_rollout_does_not_run(overrides: list[str], key: str) -> None:
-    with pytest.raises(GRPOConfigError, match=re.escape(key)):
-        load_config(None, overrides)
+    with pytest.raises(GRPOConfigError, match=re.escape(key)):  # the budget's check is the data wing's
+        check_task_fits(load_config(None, overrides))

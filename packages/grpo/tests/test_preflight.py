@@ -29,9 +29,15 @@ def _file_task(model: Path, prompts: Path, *more: str) -> list[str]:
             "rollout.max_new_tokens=8", "data.max_prompt_tokens=16", *more]  # fmt: skip
 
 
-def test_a_good_model_directory_and_prompt_file_pass(model_dir: Path, tmp_path: Path) -> None:
-    check_inputs(load_config(None, _file_task(model_dir, _prompts(tmp_path / "p.jsonl", ["what is 1"]))),
-                 every_prompt=True)  # fmt: skip
+def test_a_prompt_of_exactly_max_prompt_tokens_passes_and_one_token_more_is_refused(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    fits = " ".join(["what"] * 14)  # 16 tokens with the chat template's "user :", data.max_prompt_tokens
+    good = _prompts(tmp_path / "fits.jsonl", ["what is 1", fits])
+    check_inputs(load_config(None, _file_task(model_dir, good)), every_prompt=True)
+    over = _prompts(tmp_path / "over.jsonl", ["what is 1", f"{fits} what"])
+    with pytest.raises(DataError, match=r"prompt of 17 tokens exceeds data\.max_prompt_tokens \(16\)"):
+        check_inputs(load_config(None, _file_task(model_dir, over)), every_prompt=True)
 
 
 def test_a_directory_without_a_model_is_refused_naming_model_path(tmp_path: Path) -> None:

@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from entrepot.grpo.config import ModelConfig
+from entrepot.grpo.embedded.gpt2_layout import gpt2_hf_to_infer
+from entrepot.grpo.engines.base import Rollout, SamplingParams
 from entrepot.grpo.engines.models import build_hf_config, build_model
-from entrepot.grpo.engines.rollout_embedded import GPT2RolloutEngine, SamplingParams, gpt2_hf_to_infer
+from entrepot.grpo.engines.rollout_embedded import GPT2RolloutEngine
 from entrepot.resharding.errors import UnknownArchitectureError
 
 
@@ -17,6 +19,11 @@ def _model_and_engine() -> tuple[torch.nn.Module, GPT2RolloutEngine]:
     engine = GPT2RolloutEngine.from_hf_config(model.config)
     engine.load_weights(gpt2_hf_to_infer(dict(model.state_dict())))
     return model, engine
+
+
+def _rows(out: Rollout) -> list[list[int]]:
+    """The responses of a rollout as token lists."""
+    return [row.tolist() for row in out.responses()]
 
 
 @torch.no_grad()
@@ -32,18 +39,23 @@ def test_kv_cache_greedy_equals_no_cache_greedy() -> None:
     model, engine = _model_and_engine()
     prompts = [[2, 3, 4, 5, 6], [7, 8, 9], [10, 11, 2, 3]]  # ragged: left padding must not leak
     out = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=6))
-    assert out == [_greedy_no_cache(model, p, 6) for p in prompts]
+    assert _rows(out) == [_greedy_no_cache(model, p, 6) for p in prompts]
+    assert out.tokens.dtype == torch.int64 and out.lengths.tolist() == [6, 6, 6]
+    assert out.logprobs.dtype == torch.float32 and out.logprobs.shape == out.tokens.shape
 
 
 def test_stop_tokens_and_sampling_knobs() -> None:
     _, engine = _model_and_engine()
     gen = torch.Generator().manual_seed(0)
-    out = engine.generate([[2, 3]] * 64, SamplingParams(max_new_tokens=8, stop_token_ids=(1,)), generator=gen)
+    params = SamplingParams(max_new_tokens=8, stop_token_ids=(1,))
+    out = _rows(engine.generate([[2, 3]] * 64, params, generator=gen))
     assert all(1 not in r[:-1] for r in out) and any(len(r) < 8 for r in out)  # stopped rows end at eos
-    top1 = engine.generate([[2, 3]] * 8, SamplingParams(top_k=1, max_new_tokens=4), generator=gen)
-    greedy = engine.generate([[2, 3]], SamplingParams(temperature=0.0, max_new_tokens=4))
+    top1 = _rows(engine.generate([[2, 3]] * 8, SamplingParams(top_k=1, max_new_tokens=4), generator=gen))
+    greedy = _rows(engine.generate([[2, 3]], SamplingParams(temperature=0.0, max_new_tokens=4)))
     assert all(r == greedy[0] for r in top1)
-    nucleus = engine.generate([[2, 3]] * 8, SamplingParams(top_p=1e-6, max_new_tokens=4), generator=gen)
+    nucleus = _rows(
+        engine.generate([[2, 3]] * 8, SamplingParams(top_p=1e-6, max_new_tokens=4), generator=gen)
+    )
     assert all(r == greedy[0] for r in nucleus)
 
 
@@ -71,7 +83,9 @@ def test_the_engine_follows_the_checkpoints_activation(activation: str) -> None:
     model = AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager").eval()
     engine = GPT2RolloutEngine.from_hf_config(model.config)
     engine.load_weights(gpt2_hf_to_infer(dict(model.state_dict())))
-    _, logp = engine.generate_with_logprobs([[2, 3, 4, 5]], SamplingParams(temperature=0.0, max_new_tokens=1))
+    logp = engine.generate(
+        [[2, 3, 4, 5]], SamplingParams(temperature=0.0, max_new_tokens=1)
+    ).response_logprobs()
     with torch.no_grad():
         expected = torch.log_softmax(model(input_ids=torch.tensor([[2, 3, 4, 5]])).logits[0, -1], -1).max()
     torch.testing.assert_close(torch.as_tensor(logp[0][0]), expected, atol=1e-5, rtol=1e-5)
@@ -95,7 +109,8 @@ def test_a_repeated_prompt_is_prefilled_once_and_decodes_like_a_distinct_one() -
         return forward(ids, *args)  # type: ignore[arg-type]
 
     engine._forward = counting_forward  # type: ignore[method-assign]
-    out, logp = engine.generate_with_logprobs(prompts, SamplingParams(temperature=0.0, max_new_tokens=6))
+    rollout = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=6))
+    out, logp = _rows(rollout), rollout.response_logprobs()
     assert rows_prefilled[0] == 2  # the prefill ran the distinct prompts; decoding runs every row
     assert rows_prefilled[1:] and set(rows_prefilled[1:]) == {5}
     assert out == [_greedy_no_cache(model, p, 6) for p in prompts]
@@ -123,15 +138,10 @@ def test_decoding_lanes_do_not_change_the_samples() -> None:
     two_lanes.load_weights(gpt2_hf_to_infer(dict(model.state_dict())))
     prompts = [[2, 3, 4], [5, 6], [2, 3, 4], [7, 8, 9, 10], [5, 6]]
     params = SamplingParams(max_new_tokens=6, stop_token_ids=(1,))
-    one, one_logp = one_lane.generate_with_logprobs(
-        prompts, params, generator=torch.Generator().manual_seed(3)
-    )
-    two, two_logp = two_lanes.generate_with_logprobs(
-        prompts, params, generator=torch.Generator().manual_seed(3)
-    )
-    assert one == two
-    for a, b in zip(one_logp, two_logp, strict=True):
-        torch.testing.assert_close(a, b)
+    one = one_lane.generate(prompts, params, generator=torch.Generator().manual_seed(3))
+    two = two_lanes.generate(prompts, params, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(one.tokens, two.tokens) and torch.equal(one.lengths, two.lengths)
+    torch.testing.assert_close(one.logprobs, two.logprobs)
 
 
 def test_the_noise_gives_the_samples_torch_multinomial_drew() -> None:
@@ -161,4 +171,5 @@ def test_noise_past_its_budget_is_drawn_step_by_step_with_the_same_samples(
     params = SamplingParams(max_new_tokens=5)
     expected = one_lane.generate(prompts, params, generator=torch.Generator().manual_seed(4))
     monkeypatch.setattr(rollout, "_NOISE_BYTES", 0)  # as a 50k vocabulary and long budget would be
-    assert two_lanes.generate(prompts, params, generator=torch.Generator().manual_seed(4)) == expected
+    got = two_lanes.generate(prompts, params, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(got.tokens, expected.tokens) and torch.equal(got.lengths, expected.lengths)

@@ -13,6 +13,8 @@ from safetensors.torch import load_file
 from entrepot.grpo import load_config, train
 from entrepot.grpo.run.metrics import read_metrics
 
+pytestmark = pytest.mark.integration  # training runs, some on Ray
+
 SMALL = ["eval.num_prompts=64", "logging.tensorboard=false", "checkpoint.keep_last=0"]
 
 

@@ -149,6 +149,7 @@ def test_entropy_bonus_changes_the_gradient() -> None:
     assert diff > 1e-4
 
 
+@pytest.mark.integration  # two spawned gloo ranks
 @pytest.mark.parametrize("mode", AGGREGATIONS)
 def test_dp2_gradient_equals_single_process_on_a_skewed_split(mode: str) -> None:
     from tests_support_dp import dp_rank, free_port
@@ -200,7 +201,8 @@ def test_a_mean_of_rank_means_would_be_far_off() -> None:
 
 def test_config_refuses_a_budget_below_the_longest_sequence() -> None:
     from entrepot.grpo import GRPOConfigError
+    from entrepot.grpo.data.checks import check_task_fits
 
     with pytest.raises(GRPOConfigError, match=r"batching.update.max_tokens \(4\) must be >= 17"):
-        load_config(None, ["batching.update.max_tokens=4"])
+        check_task_fits(load_config(None, ["batching.update.max_tokens=4"]))
     assert dataclasses.replace(load_config(None, []).batching).limits("update") == (8192, None)

@@ -18,7 +18,9 @@ import torch
 
 from entrepot.grpo import GRPOConfigError, load_config, train
 from entrepot.grpo.data.sources import encode_prompt
-from entrepot.grpo.engines.rollout_embedded import GPT2RolloutEngine, SamplingParams, gpt2_hf_to_infer
+from entrepot.grpo.embedded.gpt2_layout import gpt2_hf_to_infer
+from entrepot.grpo.engines.base import SamplingParams
+from entrepot.grpo.engines.rollout_embedded import GPT2RolloutEngine
 from entrepot.grpo.errors import LogpMismatchError
 from entrepot.grpo.run.metrics import read_metrics
 
@@ -64,10 +66,10 @@ def _greedy_both(policy: Any, num_prompts: int) -> tuple[list[list[int]], list[l
     model = policy.trainer.model
     torch_engine = GPT2RolloutEngine.from_hf_config(model.config)
     torch_engine.load_weights(gpt2_hf_to_infer({k: v.detach() for k, v in model.state_dict().items()}))
-    expected = torch_engine.generate(prompts, params)
+    expected = torch_engine.generate(prompts, params).responses()
     with policy.manager.mode("infer"):
-        got = policy.engine.generate(prompts, params)
-    return got, expected
+        got = policy.engine.generate(prompts, params).responses()
+    return [r.tolist() for r in got], [r.tolist() for r in expected]
 
 
 @needs_vllm

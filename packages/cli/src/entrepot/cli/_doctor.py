@@ -152,7 +152,9 @@ def _extras(config: GRPOConfig) -> Section:
 
 
 def _ray(config: GRPOConfig) -> Section:
-    if not config.uses_ray():
+    from entrepot.grpo.run.deployment import uses_ray
+
+    if not uses_ray(config.resources, config.parallel, config.dock):
         why = "resources.use_ray=false" if config.resources.use_ray is False else "auto: one worker per role"
         return Section("Ray", [("address", f"not used ({why}: one process)")])
     address, how = ray_address(config)

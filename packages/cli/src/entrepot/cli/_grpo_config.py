@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from entrepot.cli._errors import user_errors
+
+if TYPE_CHECKING:
+    from entrepot.grpo.config import GRPOConfig
 
 config_app = typer.Typer(
     name="config",
@@ -31,13 +35,24 @@ OverridesArgument = Annotated[
 ]
 
 
+def load_checked_config(path: Path | None, overrides: Sequence[str]) -> GRPOConfig:
+    """`load_config` plus the checks of its sequence lengths (`entrepot.grpo.data.checks`), so that every
+    command refuses a config whose prompt + response cannot fit before it does anything else."""
+    from entrepot.grpo.config import load_config
+    from entrepot.grpo.data.checks import check_task_fits
+
+    config = load_config(path, overrides)
+    check_task_fits(config)
+    return config
+
+
 @config_app.command("show")
 def show(config: ConfigOption = None, overrides: OverridesArgument = None) -> None:
     """Print the fully resolved configuration as YAML (the embedded default when no file is given)."""
-    from entrepot.grpo.config import dump_yaml, load_config
+    from entrepot.grpo.config import dump_yaml
 
     with user_errors():
-        resolved = load_config(config, overrides or [])
+        resolved = load_checked_config(config, overrides or [])
     typer.echo(dump_yaml(resolved), nl=False)
 
 
@@ -48,11 +63,10 @@ def validate(
 ) -> None:
     """Check a configuration without running it: keys, types, values, combinations, this machine, and
     the inputs (the model directory's config and tokenizer, every prompt of the prompt files)."""
-    from entrepot.grpo.config import load_config
     from entrepot.grpo.run.preflight import check_inputs, check_machine
 
     with user_errors():
-        resolved = load_config(path, overrides or [])
+        resolved = load_checked_config(path, overrides or [])
         check_machine(resolved)
         check_inputs(resolved, every_prompt=True)
     typer.echo(

@@ -20,6 +20,7 @@ import typer
 
 from entrepot.cli import _metrics as m
 from entrepot.cli._errors import CLIUsageError, one_line
+from entrepot.cli._grpo_config import load_checked_config
 from entrepot.cli._run_dir import resume_config_path, unused_run_dir
 
 if TYPE_CHECKING:
@@ -48,8 +49,6 @@ def run_training(request: TrainRequest) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from entrepot.grpo.config import load_config
-
     console = Console()
     if request.resume is not None:
         if request.config is not None:
@@ -57,10 +56,10 @@ def run_training(request: TrainRequest) -> int:
                 "--config and --resume cannot be combined: a resumed run keeps its config.yaml "
                 "(pass KEY=VALUE overrides to change it)"
             )
-        config = load_config(resume_config_path(request.resume), request.overrides)
+        config = load_checked_config(resume_config_path(request.resume), request.overrides)
         run_dir = request.resume
     else:
-        config = load_config(request.config, request.overrides)
+        config = load_checked_config(request.config, request.overrides)
         run_dir = unused_run_dir(request.output_dir, config.name)  # train() creates it after its checks
     console.print(f"run directory: [bold]{escape(str(run_dir))}[/]")
 

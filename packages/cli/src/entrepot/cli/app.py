@@ -13,7 +13,7 @@ from entrepot.cli._batching import batching_app
 from entrepot.cli._dock import dock_app
 from entrepot.cli._errors import user_errors
 from entrepot.cli._grpo import grpo_app
-from entrepot.cli._grpo_config import ConfigOption, OverridesArgument
+from entrepot.cli._grpo_config import ConfigOption, OverridesArgument, load_checked_config
 from entrepot.cli.versions import ENTREPOT_DISTRIBUTIONS, STACK_DISTRIBUTIONS, installed_versions
 
 app = typer.Typer(
@@ -69,11 +69,10 @@ def doctor(config: ConfigOption = None, overrides: OverridesArgument = None) -> 
     exits 0 (a config that does not fit this machine is a line of it), a bad config exits 2.
     """
     from entrepot.cli._doctor import build_report, render
-    from entrepot.grpo.config import load_config
     from entrepot.resharding import UnknownArchitectureError
 
     with user_errors(UnknownArchitectureError):
-        sections = build_report(load_config(config, overrides or []))
+        sections = build_report(load_checked_config(config, overrides or []))
     render(sections)
 
 

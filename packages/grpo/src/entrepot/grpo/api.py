@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from entrepot.grpo.config import GRPOConfig, config_from_dict, dump_yaml
 from entrepot.grpo.errors import CheckpointError
@@ -49,6 +49,7 @@ def train(
     Returns:
         TrainResult; on Ctrl-C a checkpoint is written and the result has ``interrupted=True``.
     """
+    from entrepot.grpo.run.deployment import uses_ray
     from entrepot.grpo.run.preflight import check_inputs, check_machine
     from entrepot.grpo.run.ray_start import start_ray_while_importing
 
@@ -56,8 +57,14 @@ def train(
     check_inputs(config)
     start = time.perf_counter()
     if on_startup is not None:
-        on_startup("starting Ray and loading the trainer" if config.uses_ray() else "loading the trainer")
-    if config.uses_ray():  # Ray's processes boot while the trainer's modules import
+        on_startup(
+            "starting Ray and loading the trainer"
+            if uses_ray(config.resources, config.parallel, config.dock)
+            else "loading the trainer"
+        )
+    if uses_ray(
+        config.resources, config.parallel, config.dock
+    ):  # Ray's processes boot while the trainer's modules import
         start_ray_while_importing(config, ["entrepot.grpo.trainer"])
     from entrepot.grpo.run import checkpoint as ckpt
     from entrepot.grpo.trainer import Trainer
@@ -121,6 +128,7 @@ def _evaluate_hf_export(
     """Greedy accuracy of a megatron checkpoint's ``hf/`` export, with the torch engine in this process."""
     from safetensors.torch import load_file
 
+    from entrepot.grpo.engines.train_torch import TorchTrainer
     from entrepot.grpo.workers import ActorWorker
 
     export = checkpoint / "hf" / "model.safetensors"
@@ -134,9 +142,9 @@ def _evaluate_hf_export(
         "parallel": {}, "resources": {**saved["resources"], "num_actor_workers": 1, "use_ray": False},
     })  # fmt: skip
     worker = ActorWorker(config)
-    model = worker.trainer.model
+    model = cast(TorchTrainer, worker.trainer).model  # engine.train=torch, set above
     missing, unexpected = model.load_state_dict(load_file(str(export)), strict=False)
-    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+    tied = {"lm_head.weight"} if worker.policy.hf_config.tie_word_embeddings else set()
     if unexpected or set(missing) - tied:
         raise CheckpointError(f"HF export of {str(checkpoint)!r}: missing {missing}, unexpected {unexpected}")
     result = worker.evaluate(num_prompts)

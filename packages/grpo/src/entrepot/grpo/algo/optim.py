@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from entrepot.grpo.config import AlgorithmConfig
+from entrepot.grpo.config import AlgorithmConfig, RolloutConfig
 
-__all__ = ["AdamW", "LRSchedule", "build_optimizer", "lr_lambda"]
+__all__ = ["AdamW", "LRSchedule", "build_optimizer", "lr_lambda", "total_optimizer_steps"]
 
 _GROUP_KEYS = ("lr", "betas", "eps", "weight_decay", "initial_lr")
 
@@ -209,6 +209,18 @@ def build_optimizer(
         lr_lambda, warmup_steps=algo.warmup_steps, total_steps=total_steps, schedule=algo.lr_schedule
     )
     return optimizer, LRSchedule(optimizer, schedule)
+
+
+def total_optimizer_steps(max_steps: int, algorithm: AlgorithmConfig, rollout: RolloutConfig) -> int:
+    """Optimiser steps of the whole run (the cosine schedule's length).
+
+    Args:
+        max_steps: GRPO steps of the run.
+        algorithm: the `algorithm` section (epochs, mini-batch size).
+        rollout: the `rollout` section (rows per step).
+    """
+    mini = algorithm.mini_batch_size or rollout.batch_size
+    return max_steps * algorithm.epochs * max(1, rollout.batch_size // mini)
 
 
 def lr_lambda(step: int, *, warmup_steps: int, total_steps: int, schedule: str = "constant") -> float:

@@ -6,29 +6,27 @@ apply on top. Unknown keys, wrong types and impossible combinations raise `GRPOC
 naming the dotted key, the value and what is allowed. Every field carries a help text in
 `dataclasses.fields(section)[i].metadata["help"]`.
 
+One module per concern: the sections next to what they configure (`model`, `rollout`, `reward`,
+`algorithm`, `engine`, `batching`, `resources`, `run`), the checks across sections in `checks`, the
+root in `root`, YAML in `loading`. No config reads the environment or the machine
+(`entrepot.grpo.run.deployment` does), nor the synthetic tasks' token lengths
+(`entrepot.grpo.data.checks`, run by `entrepot.grpo.run.preflight` before anything starts).
+
 This module imports no torch so that the CLI's `--help` stays fast.
 """
 
 from __future__ import annotations
 
+from entrepot.grpo.config.algorithm import AlgorithmConfig
+from entrepot.grpo.config.batching import BatchingConfig, PassBatchingConfig
+from entrepot.grpo.config.engine import EngineConfig, InferParallelConfig, ParallelConfig, TrainParallelConfig
 from entrepot.grpo.config.loading import config_from_dict, config_to_dict, dump_yaml, load_config
-from entrepot.grpo.config.sections import (
-    AlgorithmConfig,
-    BatchingConfig,
-    CheckpointConfig,
-    DataConfig,
-    DockConfig,
-    EngineConfig,
-    EvalConfig,
-    GRPOConfig,
-    LoggingConfig,
-    ModelConfig,
-    PassBatchingConfig,
-    ResourcesConfig,
-    RewardConfig,
-    RolloutConfig,
-    ThreadsConfig,
-)
+from entrepot.grpo.config.model import DataConfig, ModelConfig
+from entrepot.grpo.config.resources import DockConfig, ResourcesConfig, ThreadsConfig
+from entrepot.grpo.config.reward import RewardConfig
+from entrepot.grpo.config.rollout import RolloutConfig
+from entrepot.grpo.config.root import GRPOConfig
+from entrepot.grpo.config.run import CheckpointConfig, EvalConfig, LoggingConfig
 
 __all__ = [
     "AlgorithmConfig",
@@ -39,13 +37,16 @@ __all__ = [
     "EngineConfig",
     "EvalConfig",
     "GRPOConfig",
+    "InferParallelConfig",
     "LoggingConfig",
     "ModelConfig",
+    "ParallelConfig",
     "PassBatchingConfig",
     "ResourcesConfig",
     "RewardConfig",
     "RolloutConfig",
     "ThreadsConfig",
+    "TrainParallelConfig",
     "config_from_dict",
     "config_to_dict",
     "dump_yaml",

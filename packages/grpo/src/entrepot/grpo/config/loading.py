@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from entrepot.grpo.config.sections import GRPOConfig
+from entrepot.grpo.config.root import GRPOConfig
 from entrepot.grpo.errors import GRPOConfigError
 
 __all__ = ["config_from_dict", "config_to_dict", "dump_yaml", "load_config"]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from entrepot.grpo.data.lengths import response_budget
 from entrepot.grpo.data.tasks import CharTokenizer, PromptSource, Sample, SyntheticTask
 from entrepot.grpo.errors import DataError
 
@@ -131,7 +132,7 @@ def build_task(config: GRPOConfig, tokenizer: Any | None = None) -> TaskSetup:
     if data.task in ("reverse", "addition"):
         task = SyntheticTask(data.task, data.num_digits, seed=config.seed)
         tok = tokenizer if tokenizer is not None else CharTokenizer()
-        budget = config.rollout.max_new_tokens or task.answer_length
+        budget = response_budget(data, config.rollout)
         return TaskSetup(tokenizer=tok, source=task, max_new_tokens=budget, use_chat_template=False)
     if tokenizer is None:
         raise DataError(
@@ -141,10 +142,9 @@ def build_task(config: GRPOConfig, tokenizer: Any | None = None) -> TaskSetup:
     train = read_records(data.train_path, data.prompt_field, data.answer_field)
     held = read_records(data.eval_path, data.prompt_field, data.answer_field) if data.eval_path else []
     chat = data.apply_chat_template and getattr(tokenizer, "chat_template", None) is not None
-    budget = config.rollout.max_new_tokens or 64
     return TaskSetup(
         tokenizer=tokenizer,
         source=FileDataset(train, held, seed=config.seed, shuffle=data.shuffle),
-        max_new_tokens=budget,
+        max_new_tokens=response_budget(data, config.rollout),
         use_chat_template=chat,
     )

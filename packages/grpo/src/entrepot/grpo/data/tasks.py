@@ -16,10 +16,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-__all__ = ["CharTokenizer", "PromptSource", "Sample", "SyntheticTask"]
+__all__ = [
+    "SYNTHETIC_TASKS",
+    "CharTokenizer",
+    "PromptSource",
+    "Sample",
+    "SyntheticTask",
+    "answer_tokens",
+    "prompt_tokens",
+]
 
 EVAL_SEED_OFFSET = 1_000_003  # held-out prompts come from a disjoint seed stream
 HELD_OUT_POOL = 4096  # held-out prompts that training never draws
+SYNTHETIC_TASKS = ("reverse", "addition")
+
+
+def prompt_tokens(kind: str, num_digits: int) -> int:
+    """Tokens (characters) of every prompt of a synthetic task: ``d..d=`` or ``a..a+b..b=``."""
+    return 2 * num_digits + 2 if kind == "addition" else num_digits + 1
+
+
+def answer_tokens(kind: str, num_digits: int) -> int:
+    """Tokens (characters) of every answer of a synthetic task: the reversed digits, or the sum
+    zero-padded to num_digits + 1 digits."""
+    return num_digits + 1 if kind == "addition" else num_digits
 
 
 @dataclass(frozen=True)
@@ -106,7 +126,7 @@ class SyntheticTask:
     @property
     def answer_length(self) -> int:
         """Characters of every answer (fixed width)."""
-        return self.num_digits + (1 if self.kind == "addition" else 0)
+        return answer_tokens(self.kind, self.num_digits)
 
     def _number(self, rng: random.Random) -> str:
         return "".join(rng.choice("0123456789") for _ in range(self.num_digits))

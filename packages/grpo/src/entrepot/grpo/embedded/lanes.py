@@ -10,14 +10,38 @@ is deterministic; against one lane only the float summation order differs.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
-__all__ = ["run_lanes", "split_rows"]
+if TYPE_CHECKING:
+    from entrepot.grpo.config import ThreadsConfig
+
+__all__ = ["compute_lanes", "run_lanes", "split_rows"]
+
+
+def compute_lanes(
+    threads: ThreadsConfig, *, device: str, splits: bool, on_ray: bool, cores: int | None = None
+) -> int:
+    """Threads per micro-batch: `threads.lanes`, or when null 2 cores of a CPU run in one process (1 with
+    Ray, on an accelerator, for an engine that does not split micro-batches, or on a 1-core machine).
+
+    Args:
+        device: `engine.device`.
+        splits: the training engine splits micro-batches into lanes (`TrainEngineSpec.lanes`).
+        on_ray: whether the workers are Ray actors (`run.deployment.uses_ray`); they share the cores.
+        cores: CPU cores this process may use; None: `os.sched_getaffinity` of this process.
+    """
+    if threads.lanes is not None:
+        return threads.lanes
+    if device != "cpu" or not splits or on_ray:
+        return 1
+    return min(2, len(os.sched_getaffinity(0)) if cores is None else cores)
+
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -6,23 +6,23 @@ builds too, so both start from identical weights, engines and sampling streams.
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from entrepot.grpo.algo.optim import build_optimizer
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.data.sources import TaskSetup, build_task
-from entrepot.grpo.embedded.gpt2_model import as_hf_config, hf_architecture
+from entrepot.grpo.embedded.gpt2_model import as_hf_config
+from entrepot.grpo.embedded.lanes import compute_lanes
+from entrepot.grpo.engines.base import RolloutEngine, SamplingParams, TrainEngine
 from entrepot.grpo.engines.models import build_model, load_pretrained
-from entrepot.grpo.engines.rollout_embedded import GPT2RolloutEngine, SamplingParams
+from entrepot.grpo.engines.registry import EngineChoice, choose_engines
 
-if TYPE_CHECKING:  # resharding is imported where a manager is built, as below
-    from entrepot.resharding import OptimizerState
+if TYPE_CHECKING:
+    from entrepot.resharding import ReshardStats, ShardingManager
 
 __all__ = [
     "Policy",
@@ -31,7 +31,6 @@ __all__ = [
     "initial_model",
     "load_reference",
     "sampling_generator",
-    "total_optimizer_steps",
 ]
 
 
@@ -40,8 +39,8 @@ class Policy:
     """Everything a co-located actor rank computes with.
 
     Attributes:
-        trainer: the training engine (`TorchTrainer`, or `MegatronTrainer` for engine.train=megatron):
-            model, reference, optimizer and LR schedule.
+        trainer: the training engine (`engines.base.TrainEngine`): model, reference, optimizer and LR
+            schedule.
         setup: tokenizer and prompt source.
         engine: the rollout engine (own weights in the inference layout).
         manager: entrepot.resharding's ShardingManager joining the trainer and `engine` (infer /
@@ -49,26 +48,22 @@ class Policy:
         sampling: the rollout's sampling parameters.
         generator: the rollout's sampling stream (the same on every rank).
         hf_config: the policy's HF config (an HF export writes it).
+        engines: the specs the trainer and the engine were built from (`engines.registry`).
     """
 
-    trainer: Any
+    trainer: TrainEngine
     setup: TaskSetup
-    engine: Any
-    manager: Any
+    engine: RolloutEngine
+    manager: ShardingManager
     sampling: SamplingParams
     generator: torch.Generator
-    hf_config: Any = None  # the HF config of the policy (what an HF export writes)
+    hf_config: Any
+    engines: EngineChoice
 
     @property
-    def reshard_stats(self) -> Any:
+    def reshard_stats(self) -> ReshardStats | None:
         """The last resharding's `ReshardStats` (None with the local layout conversion)."""
         return getattr(self.manager.resharder, "stats", None)
-
-
-def total_optimizer_steps(config: GRPOConfig) -> int:
-    """Optimiser steps of the whole run (the cosine schedule's length)."""
-    mini = config.algorithm.mini_batch_size or config.rollout.batch_size
-    return config.max_steps * config.algorithm.epochs * max(1, config.rollout.batch_size // mini)
 
 
 def sampling_generator(seed: int) -> torch.Generator:
@@ -108,13 +103,14 @@ def load_reference(path: str | Path, policy: torch.nn.Module) -> torch.nn.Module
     return reference
 
 
-def build_policy(config: GRPOConfig, run_dir: str | Path | None = None) -> Policy:
+def build_policy(config: GRPOConfig, run_dir: str | Path | None = None, *, on_ray: bool = False) -> Policy:
     """Build (or load from `model.path`) the policy; every rank builds identical initial weights.
 
-    With engine.train=megatron, megatron-core's parallel state must be initialised already
-    (`entrepot.grpo.engines.megatron.init_model_parallel`). With engine.rollout=vllm the built default model
-    is saved for vLLM as `run_dir`/rollout_model (a temporary directory when `run_dir` is None).
+    The engines are those `engine.train` / `engine.rollout` name (`engines.registry`); a sharding
+    engine (megatron) needs its parallel state initialised already (`TrainEngineSpec.start`). vLLM
+    reads the built default model from `run_dir`/rollout_model (a temporary directory when None).
     The reference is co-located here unless `resources.colocate` is false (its own workers).
+    `on_ray`: this rank is a Ray worker (it then shares the cores: one compute lane).
     """
     model, setup = initial_model(config)
     tok = setup.tokenizer
@@ -127,107 +123,14 @@ def build_policy(config: GRPOConfig, run_dir: str | Path | None = None) -> Polic
     own_reference = None
     if config.model.ref_model_load_path is not None and config.resources.colocate:
         own_reference = load_reference(config.model.ref_model_load_path, model)
-    if config.engine.train == "megatron":
-        trainer, engine, manager = _megatron_policy(config, model, own_reference, run_dir)
-    else:
-        trainer, engine, manager = _torch_policy(config, model, own_reference, int(tok.pad_token_id), run_dir)
-    return Policy(trainer, setup, engine, manager, sampling, generator, model.config)
-
-
-def _torch_policy(
-    config: GRPOConfig, model: torch.nn.Module, own_reference: torch.nn.Module | None, pad_token_id: int,
-    run_dir: str | Path | None,
-) -> tuple[Any, Any, Any]:  # fmt: skip
-    """The HF module trained in this process, and its rollout engine joined by a local layout conversion."""
-    from entrepot.grpo.engines.train_torch import TorchTrainer
-    from entrepot.resharding import LocalResharder
-    from entrepot.resharding.adaptors import get_adaptor
-    from entrepot.resharding.engines.torch import TorchTrainingEngine
-
-    model.to(config.engine.device)
-    reference = None
-    if config.algorithm.kl_coef > 0 and config.resources.colocate:
-        reference = own_reference if own_reference is not None else copy.deepcopy(model)
-        reference = reference.to(config.engine.device).requires_grad_(False).eval()
-    optimizer, scheduler = build_optimizer(model, config.algorithm, total_optimizer_steps(config))
-    trainer = TorchTrainer(config, model, reference, optimizer, scheduler, pad_token_id)
-    adaptor = get_adaptor(hf_architecture(model), model.config)
-    engine, target = _rollout_engine(config, model, run_dir)
-    manager = _manager(config, TorchTrainingEngine(model, adaptor), engine, LocalResharder(adaptor, target),
-                       list(model.parameters()), optimizer)  # fmt: skip
-    return trainer, engine, manager
-
-
-def _megatron_policy(
-    config: GRPOConfig, model: torch.nn.Module, own_reference: torch.nn.Module | None,
-    run_dir: str | Path | None,
-) -> tuple[Any, Any, Any]:  # fmt: skip
-    """megatron-core chunks of this rank, resharded every rollout into whole weights for the engine."""
-    from entrepot.grpo.engines.megatron import MegatronTrainer
-    from entrepot.resharding import ParallelLayout, Resharder
-
-    trainer = MegatronTrainer(config, model, own_reference)
-    # Whole weights on every rank: a tensor-parallel vLLM keeps its slice of each through its own
-    # checkpoint loader (on CPU it repacks linear weights for its kernels, so shards cannot be copied in).
-    resharder = Resharder(
-        trainer.adaptor, trainer.train_engine.layout, ParallelLayout(tp=1),
-        bucket_bytes=config.engine.reshard_bucket_mb * 2**20, verify=config.engine.reshard_verify,
-        device=config.engine.device,
-    )  # fmt: skip
-    model.requires_grad_(False).eval()  # the HF copy only generates (non-GPT-2 architectures)
-    engine, _ = _rollout_engine(config, model, run_dir, copy_module=False)
-    params = [p for chunk in trainer.chunks for p in chunk.parameters()]
-    manager = _manager(config, trainer.train_engine, engine, resharder, params, trainer.torch_optimizer)
-    return trainer, engine, manager
-
-
-def _rollout_engine(
-    config: GRPOConfig, model: torch.nn.Module, run_dir: str | Path | None, copy_module: bool = True
-) -> tuple[Any, str]:
-    """The rollout engine and the layout it takes (`LocalResharder`'s target).
-
-    engine.rollout=vllm: vLLM, in the fused inference layout. torch: GPT-2 gets the embedded engine in
-    the fused inference layout; other architectures an HF copy, in HF names.
-    """
-    if config.engine.rollout == "vllm":
-        from entrepot.grpo.engines.rollout_vllm import VllmRolloutEngine, save_model_dir
-
-        model_dir = config.model.path
-        if model_dir is None and run_dir is not None:
-            # every rank built the same weights; HF's save_pretrained writes on global rank 0 only
-            model_dir = str(save_model_dir(model, Path(run_dir) / "rollout_model"))
-            if torch.distributed.is_initialized():
-                torch.distributed.barrier()  # the directory is complete before any rank's vLLM reads it
-        engine = VllmRolloutEngine.launch(
-            model, model_dir, max_model_len=config.longest_sequence(), max_num_seqs=config.rollout.batch_size,
-            seed=config.seed, device=config.engine.device, verify=config.engine.reshard_verify,
-            tensor_parallel=config.parallel.infer.tensor,
-        )  # fmt: skip
-        return engine, "infer"
-    if hf_architecture(model) == "GPT2LMHeadModel":
-        lanes = config.compute_lanes()  # decoding threads, as the log-prob and update passes have
-        return GPT2RolloutEngine.from_hf_config(
-            model.config, device=config.engine.device, lanes=lanes
-        ), "infer"
-    from entrepot.grpo.engines.rollout_hf import HFRolloutEngine
-
-    module = copy.deepcopy(model) if copy_module else model
-    return HFRolloutEngine(module.requires_grad_(False).eval().to(config.engine.device)), "hf"
-
-
-def _manager(
-    config: GRPOConfig, train_engine: Any, engine: Any, resharder: Any, params: Sequence[torch.Tensor],
-    optimizer: OptimizerState,
-) -> Any:  # fmt: skip
-    """The ShardingManager with the offload flags of `engine`."""
-    from entrepot.resharding import Offloader, ShardingManager
-
-    flags = config.engine
-    return ShardingManager(
-        train_engine, engine, resharder, Offloader(params, optimizer) if flags.offload_any else None,
-        offload_train_params=flags.offload_params, offload_grads=flags.offload_grads,
-        offload_optimizer=flags.offload_optimizer,
-    )  # fmt: skip
+    engines = choose_engines(config.engine)
+    lanes = compute_lanes(
+        config.threads, device=config.engine.device, splits=engines.train.lanes, on_ray=on_ray
+    )
+    trainer, engine, manager = engines.train.build(
+        config, model, own_reference, int(tok.pad_token_id), run_dir, engines.rollout, lanes
+    )
+    return Policy(trainer, setup, engine, manager, sampling, generator, model.config, engines)
 
 
 def export_hf(
@@ -244,20 +147,17 @@ def export_hf(
     """
     from transformers import AutoModelForCausalLM
 
-    from entrepot.grpo.engines.rollout_embedded import gpt2_infer_to_hf
+    from entrepot.grpo.embedded.gpt2_layout import gpt2_infer_to_hf
     from entrepot.grpo.engines.rollout_hf import unfused_weights
 
     out = Path(directory)
-    engine = policy.engine
-    if weights is None and not isinstance(engine, GPT2RolloutEngine):
-        engine.module.save_pretrained(out)
-        return out
-    if weights is None:
-        weights = engine.weights
     model = AutoModelForCausalLM.from_config(as_hf_config(policy.hf_config))
-    host = {name: t.detach().cpu() for name, t in weights.items()}
     gpt2 = type(model).__name__ == "GPT2LMHeadModel"
-    named = gpt2_infer_to_hf(host) if gpt2 else unfused_weights(host, policy.hf_config)
+    if weights is not None:  # the inference layout of a Resharder's output
+        host = {name: t.detach().cpu() for name, t in weights.items()}
+        named = gpt2_infer_to_hf(host) if gpt2 else unfused_weights(host, policy.hf_config)
+    else:
+        named = {name: t.detach().cpu() for name, t in policy.engine.hf_weights().items()}
     missing, unexpected = model.load_state_dict(named, strict=False)
     if unexpected or any(name != "lm_head.weight" for name in missing):
         raise RuntimeError(f"HF export: missing {missing}, unexpected {unexpected}")

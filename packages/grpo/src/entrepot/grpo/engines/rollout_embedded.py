@@ -4,12 +4,7 @@ Like vLLM, the engine owns its own weight tensors in an inference layout (nn.Lin
 matrices, fused ``qkv_proj``) and receives new weights through `load_weights(named_tensors)` after
 each update, from the resharder. The training model is never called during generation.
 
-Inference-layout names are those of entrepot.resharding's GPT-2 adaptor (L = layer index):
-``transformer.wte.weight`` [V, H] (also the tied LM head), ``transformer.wpe.weight`` [P, H],
-``transformer.h.L.ln_1.{weight,bias}`` [H], ``transformer.h.L.attn.qkv_proj.{weight,bias}`` [3H, H] / [3H]
-(rows [Q; K; V]), ``transformer.h.L.attn.c_proj.{weight,bias}`` [H, H] / [H], ``transformer.h.L.ln_2.*``,
-``transformer.h.L.mlp.c_fc.{weight,bias}`` [4H, H] / [4H], ``transformer.h.L.mlp.c_proj.{weight,bias}``
-[H, 4H] / [H], ``transformer.ln_f.{weight,bias}`` [H].
+The inference layout's names and shapes are in `entrepot.grpo.embedded.gpt2_layout`.
 
 Shape legend: B = sequences, S = cached positions, H = hidden, N = heads, D = head dim, V = vocab.
 """
@@ -18,107 +13,20 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
+from entrepot.grpo.embedded.gpt2_layout import gpt2_infer_meta, gpt2_infer_to_hf
 from entrepot.grpo.embedded.lanes import run_lanes
+from entrepot.grpo.engines.base import Rollout, SamplingParams
 from entrepot.resharding.adaptors.gpt2 import gpt2_activation
 
-__all__ = [
-    "GPT2RolloutEngine",
-    "RolloutEngine",
-    "SamplingParams",
-    "gpt2_hf_to_infer",
-    "gpt2_infer_meta",
-    "gpt2_infer_to_hf",
-]
+if TYPE_CHECKING:
+    from entrepot.grpo.config import EngineConfig
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to sample: temperature (0 = greedy), top-p, top-k (0 = off), budget and stop tokens."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 16
-    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
-
-
-class RolloutEngine(Protocol):
-    """What the workers need from a rollout engine besides the InferenceEngine protocol."""
-
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int] | torch.Tensor],
-        params: SamplingParams,
-        *,
-        pad_token_id: int = 0,
-        generator: torch.Generator | None = None,
-    ) -> list[list[int]]:
-        """One sampled response (token ids, stop token kept) per prompt."""
-        ...
-
-
-def gpt2_infer_meta(
-    num_layers: int, hidden: int, vocab: int, positions: int
-) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Name -> (shape, dtype) of every inference-layout tensor of a GPT-2 model."""
-    f32 = torch.float32
-    meta: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
-        "transformer.wte.weight": ((vocab, hidden), f32),
-        "transformer.wpe.weight": ((positions, hidden), f32),
-        "transformer.ln_f.weight": ((hidden,), f32),
-        "transformer.ln_f.bias": ((hidden,), f32),
-    }
-    for i in range(num_layers):
-        p = f"transformer.h.{i}."
-        for ln in ("ln_1", "ln_2"):
-            meta[p + ln + ".weight"] = ((hidden,), f32)
-            meta[p + ln + ".bias"] = ((hidden,), f32)
-        for name, out_dim, in_dim in (
-            ("attn.qkv_proj", 3 * hidden, hidden),
-            ("attn.c_proj", hidden, hidden),
-            ("mlp.c_fc", 4 * hidden, hidden),
-            ("mlp.c_proj", hidden, 4 * hidden),
-        ):
-            meta[p + name + ".weight"] = ((out_dim, in_dim), f32)
-            meta[p + name + ".bias"] = ((out_dim,), f32)
-    return meta
-
-
-def gpt2_hf_to_infer(named: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Convert HF GPT2LMHeadModel tensors to the inference layout by a direct local copy.
-
-    A reference for tests and callers without the resharder; the workers go through
-    entrepot.resharding's adaptor, whose output a test checks to be identical.
-    HF's Conv1D weights are [in, out]; c_attn already fuses [Q | K | V] along out, so a transpose
-    is all it takes. The tied ``lm_head.weight`` is dropped.
-    """
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in named.items():
-        mask_buffer = name.endswith(("attn.bias", "attn.masked_bias")) and tensor.dim() > 1
-        if name == "lm_head.weight" or mask_buffer:
-            continue  # tied head; causal-mask buffers of old checkpoints
-        if ".attn.c_attn." in name:
-            name = name.replace(".attn.c_attn.", ".attn.qkv_proj.")
-        is_conv1d = name.startswith("transformer.h.") and name.endswith(".weight") and ".ln_" not in name
-        out[name] = tensor.t() if is_conv1d else tensor
-    return out
-
-
-def gpt2_infer_to_hf(named: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The inverse of `gpt2_hf_to_infer`: inference-layout tensors -> HF GPT2LMHeadModel names (Conv1D)."""
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in named.items():
-        is_linear = name.startswith("transformer.h.") and name.endswith(".weight") and ".ln_" not in name
-        out[name.replace(".attn.qkv_proj.", ".attn.c_attn.")] = (
-            tensor.t().contiguous() if is_linear else tensor
-        )
-    return out
+__all__ = ["GPT2RolloutEngine", "build_embedded_engine"]
 
 
 def _flat_ids(prompts: Sequence[Sequence[int] | torch.Tensor]) -> torch.Tensor:
@@ -154,8 +62,11 @@ class GPT2RolloutEngine:
         layer_norm_eps: LayerNorm epsilon of the checkpoint.
         activation: the MLP activation, as HF GPT-2 names it (``activation_function``).
         lanes: threads a batch is decoded on, each taking a contiguous part of the rows
-            (`entrepot.grpo.embedded.lanes`); the samples do not depend on it (see `generate_with_logprobs`).
+            (`entrepot.grpo.embedded.lanes`); the samples do not depend on it (see `generate`).
     """
+
+    readable_weights = True
+    tensor_parallel = 1
 
     def __init__(
         self,
@@ -352,6 +263,11 @@ class GPT2RolloutEngine:
         exponential = torch.empty(steps, rows, self.vocab, device=device).exponential_(generator=generator)
         return exponential.clamp_min_(torch.finfo(exponential.dtype).tiny).log_().neg_().to(self.device)
 
+    def hf_weights(self) -> dict[str, torch.Tensor]:
+        """The weights by HF GPT2LMHeadModel name (the tied head left out)."""
+        return gpt2_infer_to_hf(self.weights)
+
+    @torch.no_grad()
     def generate(
         self,
         prompts: Sequence[Sequence[int] | torch.Tensor],
@@ -359,21 +275,10 @@ class GPT2RolloutEngine:
         *,
         pad_token_id: int = 0,
         generator: torch.Generator | None = None,
-    ) -> list[list[int]]:
-        """Sample one response per prompt; a response ends after a stop token (kept) or the budget."""
-        return self.generate_with_logprobs(prompts, params, pad_token_id=pad_token_id, generator=generator)[0]
-
-    @torch.no_grad()
-    def generate_with_logprobs(
-        self,
-        prompts: Sequence[Sequence[int] | torch.Tensor],
-        params: SamplingParams,
-        *,
-        pad_token_id: int = 0,
-        generator: torch.Generator | None = None,
-    ) -> tuple[list[list[int]], list[torch.Tensor]]:
-        """`generate`, plus each sampled token's log-prob under the raw logits (before temperature,
-        top-k and top-p: the distribution the trainer's log-probs are of), float32 [len] per response.
+    ) -> Rollout:
+        """Sample one response per prompt (a stop token, kept, or the budget ends it), with each sampled
+        token's log-prob under the raw logits (before temperature, top-k and top-p: the distribution
+        the trainer's log-probs are of).
 
         Prompts are left-padded so that every row decodes in lock-step; position ids skip padding.
         With `lanes` > 1, contiguous parts of the rows decode on that many threads, each reading its
@@ -397,7 +302,7 @@ class GPT2RolloutEngine:
         noise = self._gumbel_noise(b, steps, params, generator)
         bounds = [b * lane // lanes for lane in range(lanes + 1)]
 
-        def decode(part: tuple[int, int]) -> tuple[list[list[int]], list[torch.Tensor]]:
+        def decode(part: tuple[int, int]) -> Rollout:
             rows = slice(*part)
             return self._decode(
                 prompts[rows],
@@ -407,7 +312,11 @@ class GPT2RolloutEngine:
             )
 
         decoded = run_lanes(decode, list(itertools.pairwise(bounds)))
-        return [r for rows, _ in decoded for r in rows], [lp for _, logps in decoded for lp in logps]
+        return Rollout(
+            torch.cat([part.tokens for part in decoded]),
+            torch.cat([part.lengths for part in decoded]),
+            torch.cat([part.logprobs for part in decoded]),
+        )
 
     def _decode(
         self,
@@ -415,7 +324,7 @@ class GPT2RolloutEngine:
         noise: Callable[[int], torch.Tensor | None],
         params: SamplingParams,
         pad_token_id: int,
-    ) -> tuple[list[list[int]], list[torch.Tensor]]:
+    ) -> Rollout:
         """Decode the rows of `prompts`; `noise(t)` is step t's Gumbel noise [1, B, V] (None: greedy)."""
         b, dev = len(prompts), self.device
         prompt_len = max(len(p) for p in prompts)
@@ -444,7 +353,11 @@ class GPT2RolloutEngine:
             key_mask[:, prompt_len + t] = True
             logits = self._forward(token[:, None], next_pos[:, None], cache, prompt_len + t, key_mask)
             next_pos = next_pos + 1
-        ends = lengths.tolist()
         kept = torch.arange(out.shape[1], device=dev)[None, :] < lengths[:, None]  # [B, T] generated
-        logps = list(torch.split(out_logp[kept].cpu(), ends))  # one flat copy, then views per row
-        return [row[:end] for row, end in zip(out.tolist(), ends, strict=True)], logps
+        return Rollout(out[kept].cpu(), lengths.cpu(), out_logp[kept].cpu())  # [R], [B], [R]
+
+
+def build_embedded_engine(engine: EngineConfig, model: torch.nn.Module, lanes: int) -> GPT2RolloutEngine:
+    """The embedded engine shaped like `model` (a GPT-2), decoding on `lanes` threads (the run's
+    compute lanes, as the log-prob and update passes have)."""
+    return GPT2RolloutEngine.from_hf_config(model.config, device=engine.device, lanes=lanes)

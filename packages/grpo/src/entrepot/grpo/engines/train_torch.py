@@ -1,65 +1,30 @@
 """The torch training engine (`engine.train: torch`): an HF module, data parallel, on one device per rank.
 
-`TorchTrainer` and `entrepot.grpo.engines.megatron.MegatronTrainer` are the two `Trainer`s an actor rank
-holds; the worker calls the same methods on either (log-probs, update, state for checkpoints).
+`TorchTrainer` and `entrepot.grpo.engines.megatron.MegatronTrainer` are the two `TrainEngine`s an
+actor rank holds (`engines.base`); the worker calls the same methods on either (log-probs, update,
+state for checkpoints). `build_torch_side` is this engine's entry in `engines.registry`.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Protocol
+import copy
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from entrepot.grpo.algo.optim import AdamW, LRSchedule
+from entrepot.grpo.algo.optim import AdamW, LRSchedule, build_optimizer, total_optimizer_steps
 from entrepot.grpo.algo.sequences import ResponseBatch
 from entrepot.grpo.algo.update import DataParallel, UpdateInputs, compute_logprobs, ppo_update
-from entrepot.grpo.config import GRPOConfig
+from entrepot.grpo.config import AlgorithmConfig, BatchingConfig, GRPOConfig
 from entrepot.grpo.engines.frozen import FrozenOnDemand
+from entrepot.grpo.engines.manager import build_manager
 
-__all__ = ["TorchTrainer", "Trainer"]
+if TYPE_CHECKING:
+    from entrepot.grpo.engines.specs import RolloutEngineSpec, TrainSide
 
-
-class Trainer(Protocol):
-    """What the actor worker needs of a training engine."""
-
-    is_last_stage: bool  # this rank computes the log-probs (the last pipeline stage)
-    tp_rank: int
-    frozen_reference: FrozenOnDemand  # the reference's parameters (none without one), offloaded or not
-
-    def logprobs(self, batch: ResponseBatch, pass_name: str, *, reference: bool) -> torch.Tensor | None:
-        """Log-probs [R] of the response tokens (None on ranks that do not compute them)."""
-        ...
-
-    def update(self, inputs: UpdateInputs) -> dict[str, float]:
-        """The PPO-clip update of one step; mean diagnostics."""
-        ...
-
-    def named_parameters(self) -> dict[str, torch.Tensor]:
-        """This rank's trainable parameters by name."""
-        ...
-
-    def named_reference(self) -> dict[str, torch.Tensor]:
-        """This rank's reference parameters by name (empty without a reference)."""
-        ...
-
-    @property
-    def torch_optimizer(self) -> AdamW | torch.optim.Optimizer:
-        """The optimizer holding the moments (checkpoints save its state)."""
-        ...
-
-    @property
-    def scheduler(self) -> LRSchedule | torch.optim.lr_scheduler.LRScheduler:
-        """The LR schedule."""
-        ...
-
-    def after_restore(self) -> None:
-        """Re-derive state that follows from the parameters after a checkpoint is loaded."""
-        ...
-
-    def reference_resident(self) -> contextlib.AbstractContextManager[None]:
-        """The reference's parameters on the device inside the block (checkpoints read and write them)."""
-        ...
+__all__ = ["TorchTrainer", "build_torch_side"]
 
 
 class TorchTrainer:
@@ -73,6 +38,7 @@ class TorchTrainer:
             `engine.reference_offloaded`.
         optimizer, scheduler: from `entrepot.grpo.algo.optim.build_optimizer`.
         pad_token_id: fill of padded grids.
+        lanes: threads per micro-batch (`embedded.lanes.compute_lanes`).
     """
 
     is_last_stage = True
@@ -80,31 +46,35 @@ class TorchTrainer:
 
     def __init__(
         self,
-        config: GRPOConfig,
+        algorithm: AlgorithmConfig,
+        batching: BatchingConfig,
         model: torch.nn.Module,
         reference: torch.nn.Module | None,
         optimizer: AdamW,
         scheduler: LRSchedule,
         pad_token_id: int,
+        *,
+        lanes: int = 1,
+        offload_reference: bool = False,
     ) -> None:
-        self.config, self.model, self.reference = config, model, reference
+        self.algorithm, self.batching = algorithm, batching
+        self.model, self.reference = model, reference
         self.optimizer, self._scheduler, self.pad_token_id = optimizer, scheduler, pad_token_id
-        self.dp: DataParallel | None = None  # set by the worker once torch.distributed is up
-        self.lanes = config.compute_lanes()  # threads per micro-batch (entrepot.grpo.embedded.lanes)
+        self.dp: DataParallel | None = None  # `join_data_parallel` once torch.distributed is up
+        self.lanes = lanes  # threads per micro-batch (entrepot.grpo.embedded.lanes)
         reference_params = [] if reference is None else list(reference.parameters())
-        self.frozen_reference = FrozenOnDemand(reference_params, offload=config.engine.reference_offloaded)
+        self.frozen_reference = FrozenOnDemand(reference_params, offload=offload_reference)
 
     def logprobs(self, batch: ResponseBatch, pass_name: str, *, reference: bool) -> torch.Tensor:
         model = self.reference if reference else self.model
         if model is None:
             raise RuntimeError("reference log-probs asked for but this rank holds no reference")
         with self.reference_resident() if reference else contextlib.nullcontext():
-            return compute_logprobs(model, batch, self.config.batching, pass_name,
+            return compute_logprobs(model, batch, self.batching, pass_name,
                                     pad_token_id=self.pad_token_id, lanes=self.lanes)  # fmt: skip
 
     def update(self, inputs: UpdateInputs) -> dict[str, float]:
-        cfg = self.config
-        return ppo_update(self.model, self.optimizer, self._scheduler, inputs, cfg.algorithm, cfg.batching,
+        return ppo_update(self.model, self.optimizer, self._scheduler, inputs, self.algorithm, self.batching,
                           dp=self.dp, pad_token_id=self.pad_token_id, lanes=self.lanes)  # fmt: skip
 
     def named_parameters(self) -> dict[str, torch.Tensor]:
@@ -125,5 +95,37 @@ class TorchTrainer:
         """The reference on the device inside the block; back in host memory after (offload_reference)."""
         return self.frozen_reference.resident()
 
+    def join_data_parallel(self) -> None:
+        """Sum gradients over the default process group's ranks (the engine's `start` made it)."""
+        self.dp = DataParallel()
+
     def after_restore(self) -> None:
         """Nothing derived: HF ties weights by sharing one tensor."""
+
+
+def build_torch_side(
+    config: GRPOConfig, model: torch.nn.Module, own_reference: torch.nn.Module | None, pad_token_id: int,
+    run_dir: str | Path | None, rollout: RolloutEngineSpec, lanes: int,
+) -> TrainSide:  # fmt: skip
+    """The HF module trained in this process, and its rollout engine joined by a local layout conversion."""
+    from entrepot.grpo.embedded.gpt2_model import hf_architecture
+    from entrepot.resharding import LocalResharder
+    from entrepot.resharding.adaptors import get_adaptor
+    from entrepot.resharding.engines.torch import TorchTrainingEngine
+
+    model.to(config.engine.device)
+    reference = None
+    if config.algorithm.kl_coef > 0 and config.resources.colocate:
+        reference = own_reference if own_reference is not None else copy.deepcopy(model)
+        reference = reference.to(config.engine.device).requires_grad_(False).eval()
+    total_steps = total_optimizer_steps(config.max_steps, config.algorithm, config.rollout)
+    optimizer, scheduler = build_optimizer(model, config.algorithm, total_steps)
+    trainer = TorchTrainer(
+        config.algorithm, config.batching, model, reference, optimizer, scheduler, pad_token_id,
+        lanes=lanes, offload_reference=config.engine.reference_offloaded,
+    )  # fmt: skip
+    adaptor = get_adaptor(hf_architecture(model), model.config)
+    engine, target = rollout.build(config, model, run_dir, True, lanes)
+    manager = build_manager(config.engine, TorchTrainingEngine(model, adaptor), engine,
+                            LocalResharder(adaptor, target), list(model.parameters()), optimizer)  # fmt: skip
+    return trainer, engine, manager

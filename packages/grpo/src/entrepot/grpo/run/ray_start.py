@@ -16,16 +16,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from entrepot.grpo.embedded.threads import worker_env
+from entrepot.grpo.run.deployment import joins_a_cluster
 
 if TYPE_CHECKING:
     from entrepot.grpo.config import GRPOConfig
 
-__all__ = ["joins_a_cluster", "start_ray", "start_ray_while_importing"]
-
-
-def joins_a_cluster(config: GRPOConfig) -> bool:
-    """Whether `ray.init` attaches to a running cluster (an address in the config or RAY_ADDRESS)."""
-    return config.resources.ray_address is not None or bool(os.environ.get("RAY_ADDRESS"))
+__all__ = ["start_ray", "start_ray_while_importing"]
 
 
 def start_ray(config: GRPOConfig) -> None:
@@ -41,7 +37,7 @@ def start_ray(config: GRPOConfig) -> None:
     if ray.is_initialized():
         return
     env = worker_env(config.threads)
-    if joins_a_cluster(config):
+    if joins_a_cluster(config.resources):
         ray.init(address=config.resources.ray_address, runtime_env={"env_vars": env}, include_dashboard=False,
                  logging_level="ERROR", log_to_driver=False)  # fmt: skip
     else:

@@ -12,15 +12,9 @@
 from __future__ import annotations
 
 from entrepot.grpo.workers.actor import ActorWorker, response_batch
-from entrepot.grpo.workers.group import (
-    LocalWorkerGroup,
-    Pending,
-    RankInfo,
-    WorkerGroup,
-    rank_layout,
-    wait_all,
-)
+from entrepot.grpo.workers.group import LocalWorkerGroup, Pending, WorkerGroup, wait_all
 from entrepot.grpo.workers.launch import Cluster, launch
+from entrepot.grpo.workers.ranks import RankInfo, rank_layout
 from entrepot.grpo.workers.reward import RewardWorker, tensor_text, text_tensor
 from entrepot.grpo.workers.separate import ReferenceWorker, RewardModelWorker
 

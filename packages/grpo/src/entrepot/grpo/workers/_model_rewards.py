@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from entrepot.dock import Batch, DockClient
-from entrepot.grpo.config import GRPOConfig
+from entrepot.grpo.config import RewardConfig
 from entrepot.grpo.engines.frozen import FrozenOnDemand
 from entrepot.grpo.workers._stage import SEQUENCE_COLUMNS, DockReader
 
@@ -28,18 +28,21 @@ class ModelRewards:
     """The configured reward models with their weights, each on the device only while it scores.
 
     Args:
-        config: the run's config (`reward.models`, `reward.model_micro_batch`, `engine.device`).
+        reward: `reward.models` (directory -> weight) and `reward.model_micro_batch`.
         tokenizer: the policy's tokenizer (decodes the dock's token ids to text).
+        device: where the models score (`engine.device`).
+        group_size: rows per prompt group (a get takes whole groups).
         offload: keep each model in host memory outside the stage (co-located actor ranks).
     """
 
-    def __init__(self, config: GRPOConfig, tokenizer: Any, *, offload: bool) -> None:
+    def __init__(
+        self, reward: RewardConfig, tokenizer: Any, *, device: str, group_size: int, offload: bool
+    ) -> None:
         from entrepot.grpo.engines.reward_model import load_reward_model
 
-        self.config, self.tokenizer = config, tokenizer
+        self.reward, self.tokenizer, self.group_size = reward, tokenizer, group_size
         self.models = [
-            (load_reward_model(path, config.engine.device), float(weight))
-            for path, weight in config.reward.models.items()
+            (load_reward_model(path, device), float(weight)) for path, weight in reward.models.items()
         ]
         self.frozen = [FrozenOnDemand(model.parameters(), offload=offload) for model, _ in self.models]
 
@@ -63,7 +66,7 @@ class ModelRewards:
         prompt_texts = [self.tokenizer.decode(p.tolist(), skip_special_tokens=False) for p in prompts]
         response_texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in responses]
         total = torch.zeros(len(prompt_texts), dtype=torch.float32)
-        micro = self.config.reward.model_micro_batch
+        micro = self.reward.model_micro_batch
         for (model, weight), frozen in zip(self.models, self.frozen, strict=True):
             with frozen.resident():
                 if sample is not None:
@@ -76,7 +79,7 @@ class ModelRewards:
     ) -> dict[str, float]:
         """Score unscored rows, `count` at a time, into `model_scores`; this stage's time and mean score."""
         t0 = time.perf_counter()
-        n = self.config.rollout.n_samples_per_prompt
+        n = self.group_size
         total, rows = 0.0, 0
         for batch in reader.batches(dock, MODEL_STAGE, SEQUENCE_COLUMNS, count, min_count=n, alone=True):
             scores = self.score(batch, sample)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from entrepot.grpo.engines.rollout_embedded import SamplingParams
+from entrepot.grpo.engines.base import RolloutEngine, SamplingParams
 
 __all__ = ["RoundOutput", "partial_round"]
 
@@ -45,7 +45,7 @@ class RoundOutput:
 
 
 def partial_round(
-    engine: Any,
+    engine: RolloutEngine,
     prompts: list[torch.Tensor],
     ages: torch.Tensor,
     previous: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
@@ -60,7 +60,7 @@ def partial_round(
     """Generate one round for B rows.
 
     Args:
-        engine: a rollout engine with `generate_with_logprobs`.
+        engine: the rollout engine.
         prompts: B prompt token tensors.
         ages: int [B] rounds each row has survived unfinished (0: a new row).
         previous: per row, (tokens, log-probs, versions) of its response so far (empty for new rows).
@@ -73,25 +73,24 @@ def partial_round(
     classes: dict[tuple[int, bool], list[int]] = {}
     for row, (tokens, _, _) in enumerate(previous):
         classes.setdefault((int(tokens.numel()), bool(forced_rows[row])), []).append(row)
-    new: list[tuple[list[int], torch.Tensor]] = [([], torch.zeros(0))] * len(prompts)
+    nothing = (torch.zeros(0, dtype=torch.long), torch.zeros(0))
+    new: list[tuple[torch.Tensor, torch.Tensor]] = [nothing] * len(prompts)
     for (done, forced), rows in sorted(classes.items()):
         left = budget - done
         params = dataclasses.replace(
             sampling, max_new_tokens=left if forced else min(partial_max_tokens, left)
         )
         inputs = [torch.cat([prompts[r], previous[r][0].to(prompts[r].dtype)]) for r in rows]
-        tokens, logprobs = engine.generate_with_logprobs(
-            inputs, params, pad_token_id=pad_token_id, generator=generator
-        )
-        for r, t, lp in zip(rows, tokens, logprobs, strict=True):
+        out = engine.generate(inputs, params, pad_token_id=pad_token_id, generator=generator)
+        for r, t, lp in zip(rows, out.responses(), out.response_logprobs(), strict=True):
             new[r] = (t, lp)
     responses, logps, versions, completed = [], [], [], []
     forced_count = 0
     for row, ((old_t, old_lp, old_v), (t, lp)) in enumerate(zip(previous, new, strict=True)):
-        responses.append(torch.cat([old_t.long(), torch.tensor(t, dtype=torch.long)]))
+        responses.append(torch.cat([old_t.long(), t.long()]))
         logps.append(torch.cat([old_lp.float(), lp.float()]))
         versions.append(torch.cat([old_v.int(), torch.full((len(t),), version, dtype=torch.int32)]))
-        ended = bool(t) and t[-1] in stops
+        ended = t.numel() > 0 and int(t[-1]) in stops
         completed.append(ended or responses[-1].numel() >= budget or forced_rows[row])
         forced_count += int(forced_rows[row] and len(t) > partial_max_tokens)
     lengths = torch.tensor([r.numel() for r in responses], dtype=torch.int64)

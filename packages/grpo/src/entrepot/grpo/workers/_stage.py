@@ -11,7 +11,7 @@ import torch
 
 from entrepot.dock import Batch, DockClient
 from entrepot.grpo.errors import GRPOError, StageError
-from entrepot.grpo.workers.group import RankInfo
+from entrepot.grpo.workers.ranks import RankInfo
 
 __all__ = ["SEQUENCE_COLUMNS", "DockReader", "stage"]
 

@@ -17,7 +17,6 @@ the update takes exactly the rows the driver planned for each rank and sums grad
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -26,20 +25,21 @@ import torch
 
 from entrepot.dock import Batch, DockClient
 from entrepot.grpo.algo.sequences import ResponseBatch
-from entrepot.grpo.algo.update import DataParallel, UpdateInputs
+from entrepot.grpo.algo.update import UpdateInputs
 from entrepot.grpo.config import GRPOConfig
+from entrepot.grpo.data.lengths import partial_max_age
 from entrepot.grpo.embedded.threads import configure_threads, use_deterministic_kernels
 from entrepot.grpo.engines.frozen import device_bytes
 from entrepot.grpo.engines.policy import Policy, build_policy
-from entrepot.grpo.engines.rollout_embedded import SamplingParams
-from entrepot.grpo.engines.rollout_vllm import VllmRolloutEngine
+from entrepot.grpo.engines.registry import choose_engines
 from entrepot.grpo.errors import LogpMismatchError
+from entrepot.grpo.run.deployment import uses_ray
 from entrepot.grpo.run.evaluation import greedy_eval
 from entrepot.grpo.workers._memory import PhaseMemory, Sample
 from entrepot.grpo.workers._model_rewards import MODEL_STAGE, ModelRewards
-from entrepot.grpo.workers._partial_rollout import partial_round
+from entrepot.grpo.workers._rollout import LogpMismatch, full_rollout, partial_rollout, reshard_metrics
 from entrepot.grpo.workers._stage import SEQUENCE_COLUMNS, DockReader, stage
-from entrepot.grpo.workers.group import RankInfo
+from entrepot.grpo.workers.ranks import RankInfo
 
 __all__ = ["ActorWorker", "response_batch"]
 
@@ -54,57 +54,6 @@ def response_batch(batch: Batch) -> ResponseBatch:
     return ResponseBatch.from_packed(
         data["prompts"], batch.lengths["prompts"], data["responses"], data["response_length"]
     )
-
-
-def _batch_generator(base: int, rows: torch.Tensor) -> torch.Generator:
-    """The sampling stream of one rollout batch when several ranks generate.
-
-    Ranks take batches from the dock in whatever order they ask, so a per-rank stream would make
-    the samples depend on that race (and a resumed run differ); seeding by the batch's first row
-    and a base drawn alike on every rank makes them depend on the rows only.
-    """
-    return torch.Generator().manual_seed(base + int(rows[0]))
-
-
-def _generate(
-    engine: Any, prompts: Sequence[torch.Tensor], params: SamplingParams, pad: int, generator: torch.Generator
-) -> tuple[list[list[int]], torch.Tensor | None]:
-    """Responses of `prompts`, and the flat log-probs of their tokens when the engine is vLLM's."""
-    if isinstance(engine, VllmRolloutEngine):
-        responses, logprobs = engine.generate_with_logprobs(prompts, params, generator=generator)
-        return responses, torch.cat(logprobs) if logprobs else torch.zeros(0)
-    return engine.generate(prompts, params, pad_token_id=pad, generator=generator), None
-
-
-class _Mismatch:
-    """|log p_rollout - log p_train| over the sampled tokens of one stage: sum, count and max."""
-
-    def __init__(self) -> None:
-        self.total, self.count, self.max = 0.0, 0, 0.0
-
-    def add(self, rollout: torch.Tensor, train: torch.Tensor) -> None:
-        diff = (rollout.float() - train.float()).abs()  # [R]
-        self.total += float(diff.sum())
-        self.count += diff.numel()
-        self.max = max(self.max, float(diff.max())) if diff.numel() else self.max
-
-    def metrics(self) -> dict[str, float]:
-        if not self.count:
-            return {}
-        return {"rollout/logp_mismatch_mean": self.total / self.count, "rollout/logp_mismatch_max": self.max}
-
-
-def _reshard_metrics(stats: Any) -> dict[str, float]:
-    """`reshard/*` figures of the last train -> infer resharding (none for a local conversion)."""
-    if stats is None:
-        return {}
-    moved = stats.bytes_sent + stats.bytes_received + stats.bytes_local
-    return {
-        "reshard/seconds": stats.seconds,
-        "reshard/bytes": float(moved),
-        "reshard/gbps": moved / max(stats.seconds, 1e-9) / 1e9,
-        "reshard/scratch_bytes": float(stats.scratch_bytes),
-    }
 
 
 class ActorWorker:
@@ -131,36 +80,25 @@ class ActorWorker:
             use_deterministic_kernels()
         self.config = config
         self.rank = rank or RankInfo(rank=0, world_size=1)
-        group = None
-        if config.engine.train == "megatron":  # the process group and megatron's parallel state first
-            from megatron.core import parallel_state as mpu
-
-            from entrepot.grpo.engines.megatron import init_model_parallel
-
-            init_model_parallel(config, self.rank.rank, self.rank.world_size, dist_init)
-            group = mpu.get_model_parallel_group() if self.rank.model_parallel_size > 1 else None
-        elif self.rank.world_size > 1:
-            import torch.distributed as dist
-
-            from entrepot.grpo.algo.update import process_group_backend
-
-            dist.init_process_group(
-                process_group_backend(config.engine.device), init_method=dist_init,
-                rank=self.rank.rank, world_size=self.rank.world_size,
-            )  # fmt: skip
+        # the process groups first (megatron: its parallel state; torch: the DP group)
+        engines = choose_engines(config.engine)
+        me = self.rank
+        group = engines.train.start(config, me.rank, me.world_size, me.model_parallel_size, dist_init)
         self.reader = DockReader(self.rank, config.resources.stage_timeout_s, group)
         # the rollout samples from one sampling stream that every rank advances alike (see
-        # `_batch_generator`), whether each rank generates alone or a TP vLLM's ranks together
-        self.policy: Policy = build_policy(config, run_dir)
+        # `_rollout.batch_generator`), whether each rank generates alone or a TP vLLM's ranks together
+        on_ray = uses_ray(config.resources, config.parallel, config.dock)
+        self.policy: Policy = build_policy(config, run_dir, on_ray=on_ray)
         self.trainer = self.policy.trainer
-        if self.rank.world_size > 1 and config.engine.train == "torch":
-            self.trainer.dp = DataParallel()
+        if self.rank.world_size > 1:
+            self.trainer.join_data_parallel()
         self._exit_infer_s = 0.0
         self.model_rewards: ModelRewards | None = None
         if config.reward.models and config.resources.colocate:
             self.model_rewards = ModelRewards(
-                config, self.policy.setup.tokenizer, offload=config.engine.reward_models_offloaded
-            )
+                config.reward, self.policy.setup.tokenizer, device=config.engine.device,
+                group_size=config.rollout.n_samples_per_prompt, offload=config.engine.reward_models_offloaded,
+            )  # fmt: skip
         self._tracked_params: list[torch.Tensor] | None = None
         self.memory = PhaseMemory(config.engine.device, self._device_bytes)
 
@@ -219,10 +157,15 @@ class ActorWorker:
         base = (
             int(torch.randint(2**62, (1,), generator=policy.generator)) if self.rank.world_size > 1 else None
         )
-        if self.config.rollout.partial_max_tokens is not None:
-            stats = self._partial_rollout(dock, count, base, version)
+        cfg = self.config
+        if cfg.rollout.partial_max_tokens is not None:
+            stats = partial_rollout(policy, self.reader, dock, count, base=base, version=version,
+                                    partial_max_tokens=cfg.rollout.partial_max_tokens,
+                                    max_age=partial_max_age(cfg.data, cfg.rollout))  # fmt: skip
         else:
-            stats = self._full_rollout(dock, count, base)
+            stats = full_rollout(policy, self.reader, dock, count, n=cfg.rollout.n_samples_per_prompt,
+                                 base=base, alone=cfg.parallel.infer.tensor == 1,
+                                 puts=self.rank.reads_dock)  # fmt: skip
         t2 = time.perf_counter()
         sample()
         policy.manager.exit_infer_mode()
@@ -232,72 +175,8 @@ class ActorWorker:
             "time/reshard_to_infer": t1 - t0,
             "time/generate": t2 - t1,
             "memory/train_param_bytes_in_rollout": float(train_bytes),
-            **_reshard_metrics(policy.reshard_stats),
+            **reshard_metrics(policy.reshard_stats),
         }
-
-    def _full_rollout(self, dock: DockClient, count: int, base: int | None) -> dict[str, float]:
-        """Whole responses for every prompt row; `rollout_tokens` generated."""
-        policy, n = self.policy, self.config.rollout.n_samples_per_prompt
-        tokens = 0
-        # TP1 rollout: every rank samples its own rows; a tensor-parallel vLLM spans the model-parallel
-        # group, whose ranks generate the same rows in lockstep and whose first rank puts them
-        alone = self.config.parallel.infer.tensor == 1
-        for batch in self.reader.batches(dock, "actor_rollout", ["prompts"], count, min_count=n, alone=alone):
-            prompts = torch.split(batch.columns["prompts"], batch.lengths["prompts"].tolist())
-            generator = policy.generator if base is None else _batch_generator(base, batch.indexes)
-            responses, logprobs = _generate(policy.engine, prompts, policy.sampling, self._pad, generator)
-            lengths = torch.tensor([len(r) for r in responses], dtype=torch.int64)
-            flat = torch.tensor([t for r in responses for t in r], dtype=torch.int64)
-            columns: dict[str, Any] = {"responses": (flat, lengths), "response_length": lengths}
-            if logprobs is not None:
-                columns["rollout_log_prob"] = (logprobs, lengths)
-            if alone or self.rank.reads_dock:
-                dock.put(columns, batch.indexes)
-            tokens += int(lengths.sum())
-        return {"rollout_tokens": float(tokens)}
-
-    def _partial_rollout(
-        self, dock: DockClient, count: int, base: int | None, version: int
-    ) -> dict[str, float]:
-        """One partial-rollout round (see `_partial_rollout.partial_round`) over every row the rollout
-        has not finished: new prompt rows and responses carried over from earlier steps.
-
-        Rows are taken singly, not in whole groups (a carried group may hold finished rows), under a lease
-        acked by the put, so that downstream stages running beside the rollout wait for rows in flight.
-        """
-        policy, cfg = self.policy, self.config.rollout
-        assert cfg.partial_max_tokens is not None  # the caller checked
-        totals = {"rollout_tokens": 0.0, "partial/rows_continued": 0.0, "partial/forced_completions": 0.0}
-        take: dict[str, Any] = {"min_count": 1, "groups": False, "lease": math.inf, "alone": True}
-        while (batch := self.reader.get(dock, "actor_rollout", ["prompts"], count, **take)) is not None:
-            prompts = list(torch.split(batch.columns["prompts"], batch.lengths["prompts"].tolist()))
-            generator = policy.generator if base is None else _batch_generator(base, batch.indexes)
-            out = partial_round(
-                policy.engine, prompts, batch.ages, self._responses_so_far(dock, batch), policy.sampling,
-                partial_max_tokens=cfg.partial_max_tokens, max_age=self.config.partial_max_age(),
-                version=version, pad_token_id=self._pad, generator=generator,
-            )  # fmt: skip
-            dock.put(out.columns, batch.indexes, completed=out.completed, ack=batch.lease)
-            totals["rollout_tokens"] += out.new_tokens
-            totals["partial/rows_continued"] += out.continued
-            totals["partial/forced_completions"] += out.forced
-        return totals
-
-    @staticmethod
-    def _responses_so_far(
-        dock: DockClient, batch: Batch
-    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """Per row of `batch`: (tokens, behaviour log-probs, policy versions) of its response so far."""
-        empty = (torch.zeros(0, dtype=torch.long), torch.zeros(0), torch.zeros(0, dtype=torch.int32))
-        previous = [empty] * batch.indexes.numel()
-        carried = (batch.ages > 0).nonzero().squeeze(1)
-        if carried.numel():
-            columns = ["responses", "rollout_log_prob", "policy_version"]
-            got = dock.peek(columns, batch.indexes[carried], layout="packed")
-            parts = [torch.split(got.columns[c], got.lengths[c].tolist()) for c in columns]
-            for i, row in enumerate(carried.tolist()):
-                previous[row] = (parts[0][i], parts[1][i], parts[2][i])
-        return previous
 
     @stage(MODEL_STAGE)
     def reward_model_scores(self, dock: DockClient, count: int) -> dict[str, float]:
@@ -337,7 +216,7 @@ class ActorWorker:
         """
         t0 = time.perf_counter()
         metrics: dict[str, float] = {}
-        mismatch = _Mismatch() if isinstance(self.policy.engine, VllmRolloutEngine) else None
+        mismatch = LogpMismatch() if self.policy.engines.rollout.separate_kernels else None
         with self.memory.phase("old_log_prob", metrics) as sample:
             sample(self.policy.manager.enter_forward_mode())
             self._log_probs(dock, "actor_log_prob", "old_log_prob", count, reference=False, mismatch=mismatch)
@@ -360,14 +239,14 @@ class ActorWorker:
 
     def _log_probs(
         self, dock: DockClient, consumer: str, column: str, count: int, *, reference: bool,
-        mismatch: _Mismatch | None = None,
+        mismatch: LogpMismatch | None = None,
     ) -> None:  # fmt: skip
         n = self.config.rollout.n_samples_per_prompt
         columns = [*SEQUENCE_COLUMNS, *(["rollout_log_prob"] if mismatch is not None else [])]
         for batch in self.reader.batches(dock, consumer, columns, count, min_count=n):
             rows = response_batch(batch)
             logp = self.trainer.logprobs(rows, column, reference=reference)
-            if self._writes:
+            if self._writes and logp is not None:  # the last pipeline stage computes them
                 dock.put({column: (logp, rows.response_lengths)}, batch.indexes)
                 if mismatch is not None:
                     mismatch.add(batch.columns["rollout_log_prob"], logp)
@@ -435,7 +314,9 @@ class ActorWorker:
         manager = self.policy.manager
         manager.enter_infer_mode()
         try:
-            return greedy_eval(self.policy.engine, self.policy.setup, self.config, num_prompts)
+            cfg, policy = self.config, self.policy
+            return greedy_eval(policy.engine, policy.setup, cfg.reward, num_prompts or cfg.eval.num_prompts,
+                               max_prompt_tokens=cfg.data.max_prompt_tokens)  # fmt: skip
         finally:
             manager.exit_infer_mode()
 
@@ -444,7 +325,7 @@ class ActorWorker:
         from entrepot.grpo.engines.policy import export_hf
 
         manager = self.policy.manager
-        if isinstance(self.policy.engine, VllmRolloutEngine):  # vLLM: its weights are kernel-packed
+        if not self.policy.engine.readable_weights:  # vLLM: its weights are kernel-packed
             weights = manager.resharder.reshard(manager.train_engine.named_train_parameters())
             if self.rank.rank == 0:
                 export_hf(self.policy, directory, weights)
@@ -506,11 +387,11 @@ class ActorWorker:
             "torch_threads": torch.get_num_threads(),
             "pid": os.getpid(),
             "node_id": node_id,
-            "rollout_tensor_parallel": getattr(self.policy.engine, "tensor_parallel", 1),
+            "rollout_tensor_parallel": self.policy.engine.tensor_parallel,
         }
 
     def shutdown(self) -> None:
-        if self.rank.world_size > 1 or self.config.engine.train == "megatron":
+        if self.rank.world_size > 1 or self.policy.engines.train.shards_weights:
             import torch.distributed as dist
 
             if dist.is_initialized():

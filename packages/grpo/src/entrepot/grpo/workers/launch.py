@@ -7,10 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from entrepot.grpo.config import GRPOConfig
+from entrepot.grpo.data.lengths import partial_max_age
+from entrepot.grpo.run.deployment import uses_ray
 from entrepot.grpo.run.ray_start import start_ray
 from entrepot.grpo.workers._model_rewards import MODEL_SCORES
 from entrepot.grpo.workers.actor import ActorWorker
-from entrepot.grpo.workers.group import LocalWorkerGroup, RankInfo, WorkerGroup, rank_layout
+from entrepot.grpo.workers.group import LocalWorkerGroup, WorkerGroup
+from entrepot.grpo.workers.ranks import RankInfo, rank_layout
 from entrepot.grpo.workers.reward import RewardWorker
 from entrepot.grpo.workers.separate import ReferenceWorker, RewardModelWorker
 
@@ -68,9 +71,10 @@ def launch(config: GRPOConfig, run_dir: str | None = None) -> Cluster:
 
     resources = config.resources
     partial = config.rollout.partial_max_tokens is not None
+    max_age = partial_max_age(config.data, config.rollout)
     dock_args: dict[str, Any] = {
         # partial rollout: each step's prompts plus the groups of up to max_age - 1 earlier steps
-        "prompts_num": config.rollout.prompts_per_step * config.partial_max_age(),
+        "prompts_num": config.rollout.prompts_per_step * max_age,
         "n_samples_per_prompt": config.rollout.n_samples_per_prompt,
         # rollout_log_prob: the rollout engine's log-probs of its sampled tokens (vLLM's, or the behaviour
         # log-probs of partial rollout; flat per row); policy_version: the version that sampled each
@@ -80,7 +84,7 @@ def launch(config: GRPOConfig, run_dir: str | None = None) -> Cluster:
             "policy_version": ColumnSpec(), MODEL_SCORES: ColumnSpec(scalar=True),
         },
         "seed": config.seed,
-        "max_age": config.partial_max_age() if partial else None,
+        "max_age": max_age if partial else None,
         "max_staleness": config.algorithm.max_staleness,
     }  # fmt: skip
     separate = not resources.colocate
@@ -89,7 +93,8 @@ def launch(config: GRPOConfig, run_dir: str | None = None) -> Cluster:
     train = config.parallel.train
     actor_ranks = rank_layout(resources.num_actor_workers, train.tensor, train.pipeline)
     reward_ranks = rank_layout(resources.num_reward_workers)
-    if not config.uses_ray():  # (separate workers need Ray: the config refuses colocate=false here)
+    # one process (separate workers need Ray: the config refuses colocate=false without it)
+    if not uses_ray(resources, config.parallel, config.dock):
         return Cluster(
             dock=GRPODock(**dock_args),
             actors=LocalWorkerGroup(

@@ -28,7 +28,7 @@ from typing import Any
 
 from entrepot.grpo.engines.rendezvous import free_local_port
 from entrepot.grpo.errors import GRPOError
-from entrepot.grpo.workers.group import RankInfo
+from entrepot.grpo.workers.ranks import RankInfo
 
 __all__ = ["Node", "Placement"]
 

@@ -9,16 +9,16 @@ the rank's node, so a lost node of a cluster is named in the run's error.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar
 
 from entrepot.grpo.errors import GRPOError, StageError
-from entrepot.grpo.workers.group import Pending, RankInfo
+from entrepot.grpo.workers.group import Pending
 from entrepot.grpo.workers.placement import Placement
+from entrepot.grpo.workers.ranks import RankInfo
 
-__all__ = ["RayWorkerGroup", "is_ref", "wait_refs"]
+__all__ = ["RayPending", "RayWorkerGroup", "wait_refs"]
 
 W = TypeVar("W")
 R = TypeVar("R")
@@ -52,9 +52,11 @@ class RayWorkerGroup(Generic[W]):
             f"{name} {rank.name} on {node}" for rank, node in zip(self.ranks, placement.nodes, strict=True)
         ]
 
-    def call(self, method: Callable[Concatenate[W, P], R], *args: P.args, **kwargs: P.kwargs) -> Pending[R]:
+    def call(
+        self, method: Callable[Concatenate[W, P], R], *args: P.args, **kwargs: P.kwargs
+    ) -> RayPending[R]:
         refs = [getattr(actor, method.__name__).remote(*args, **kwargs) for actor in self.actors]
-        return Pending(f"{self.name}.{method.__name__}", refs, list(self._names))
+        return RayPending(f"{self.name}.{method.__name__}", refs, list(self._names))
 
     def close(self) -> None:
         import ray
@@ -90,22 +92,27 @@ def _keep_start_error(cls: type[W]) -> type[W]:
     return StartErrorKept
 
 
-def is_ref(handle: Any) -> bool:
-    """Whether `handle` is a Ray future (False without importing Ray when Ray was never loaded)."""
-    ray = sys.modules.get("ray")
-    return ray is not None and isinstance(handle, ray.ObjectRef)
+class RayPending(Pending[R]):
+    """A call on every rank of a `RayWorkerGroup`: one Ray future per rank."""
+
+    def __init__(self, label: str, refs: list[Any], workers: list[str]) -> None:
+        super().__init__(label, workers)
+        self.refs = refs
+
+    @classmethod
+    def wait_together(cls, pendings: Sequence[Self], timeout: float) -> list[list[Any]]:
+        return wait_refs(pendings, timeout)
 
 
-def wait_refs(pendings: Sequence[Pending[Any]], timeout: float) -> list[list[Any]]:
+def wait_refs(pendings: Sequence[RayPending[Any]], timeout: float) -> list[list[Any]]:
     """`wait_all` for Ray futures: wait on all together, raise on the first failure or at the timeout."""
     import ray
 
     where: dict[Any, tuple[int, int]] = {}
-    results: list[list[Any]] = [list(p.handles) for p in pendings]
+    results: list[list[Any]] = [list(p.refs) for p in pendings]  # each replaced by its result
     for i, pending in enumerate(pendings):
-        for j, handle in enumerate(pending.handles):
-            if is_ref(handle):
-                where[handle] = (i, j)
+        for j, ref in enumerate(pending.refs):
+            where[ref] = (i, j)
     remaining = list(where)
     deadline = time.monotonic() + timeout
     while remaining:
@@ -123,7 +130,7 @@ def wait_refs(pendings: Sequence[Pending[Any]], timeout: float) -> list[list[Any
     return results
 
 
-def _result(ref: Any, pending: Pending[Any], rank: int) -> Any:
+def _result(ref: Any, pending: RayPending[Any], rank: int) -> Any:
     """ray.get of one finished call; a worker's own error comes back as itself (StageError, user errors)."""
     import ray
 

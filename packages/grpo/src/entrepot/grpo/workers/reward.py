@@ -18,7 +18,7 @@ from entrepot.grpo.data.sources import build_task
 from entrepot.grpo.embedded.threads import configure_threads
 from entrepot.grpo.workers._model_rewards import MODEL_SCORES
 from entrepot.grpo.workers._stage import DockReader, stage
-from entrepot.grpo.workers.group import RankInfo
+from entrepot.grpo.workers.ranks import RankInfo
 
 __all__ = ["RewardWorker", "tensor_text", "text_tensor"]
 

@@ -18,7 +18,7 @@ from entrepot.grpo.embedded.threads import configure_threads
 from entrepot.grpo.workers._model_rewards import MODEL_STAGE, ModelRewards
 from entrepot.grpo.workers._stage import SEQUENCE_COLUMNS, DockReader, stage
 from entrepot.grpo.workers.actor import response_batch
-from entrepot.grpo.workers.group import RankInfo
+from entrepot.grpo.workers.ranks import RankInfo
 
 __all__ = ["ReferenceWorker", "RewardModelWorker"]
 
@@ -94,7 +94,11 @@ class RewardModelWorker:
         self.rank = rank or RankInfo(rank=0, world_size=1)
         self.reader = DockReader(self.rank, config.resources.stage_timeout_s)
         tokenizer = load_tokenizer(config.model.path) if config.model.path is not None else None
-        self.model_rewards = ModelRewards(config, build_task(config, tokenizer).tokenizer, offload=False)
+        policy_tokenizer = build_task(config, tokenizer).tokenizer
+        self.model_rewards = ModelRewards(
+            config.reward, policy_tokenizer, device=config.engine.device,
+            group_size=config.rollout.n_samples_per_prompt, offload=False,
+        )  # fmt: skip
 
     def ready(self) -> bool:
         """Nothing: answering at all means the worker finished starting (Ray queues calls until then)."""

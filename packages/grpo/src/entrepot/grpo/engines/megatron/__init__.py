@@ -9,6 +9,7 @@ megatron-core runs in entrepot.resharding's supported CPU mode (gloo); on GPU wi
 Imported only when that engine is configured: megatron-core is an optional extra.
 """
 
-from entrepot.grpo.engines.megatron.trainer import MegatronTrainer, init_model_parallel
+from entrepot.grpo.engines.megatron.trainer import MegatronTrainer
+from entrepot.grpo.engines.megatron.world import init_model_parallel
 
 __all__ = ["MegatronTrainer", "init_model_parallel"]

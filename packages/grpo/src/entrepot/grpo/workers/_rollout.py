@@ -1,0 +1,133 @@
+"""The actor's rollout stage, engine-agnostic: whole responses, or one round of partial rollout.
+
+Every engine answers `generate` with a `Rollout` of flat tensors (`engines.base`), which go into the
+dock as they are. The behaviour log-probs travel with the tokens when something reads them: partial
+rollout (the importance ratio divides by them) or an engine with kernels of its own (the old log-prob
+stage checks them against the trainer's, `LogpMismatch`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from entrepot.dock import Batch, DockClient
+from entrepot.grpo.engines.policy import Policy
+from entrepot.grpo.workers._partial_rollout import partial_round
+from entrepot.grpo.workers._stage import DockReader
+
+__all__ = ["LogpMismatch", "batch_generator", "full_rollout", "partial_rollout", "reshard_metrics"]
+
+
+def batch_generator(base: int, rows: torch.Tensor) -> torch.Generator:
+    """The sampling stream of one rollout batch when several ranks generate.
+
+    Ranks take batches from the dock in whatever order they ask, so a per-rank stream would make
+    the samples depend on that race (and a resumed run differ); seeding by the batch's first row
+    and a base drawn alike on every rank makes them depend on the rows only.
+    """
+    return torch.Generator().manual_seed(base + int(rows[0]))
+
+
+def full_rollout(
+    policy: Policy, reader: DockReader, dock: DockClient, count: int, *, n: int, base: int | None,
+    alone: bool, puts: bool,
+) -> dict[str, float]:  # fmt: skip
+    """Whole responses for every prompt row (`count` rows a get, whole groups of `n`); `rollout_tokens`.
+
+    `alone`: every rank samples its own rows (TP1 rollout); otherwise a tensor-parallel engine spans
+    the model-parallel group, whose ranks generate the same rows in lockstep and whose first rank
+    `puts` them.
+    """
+    engine, tokens = policy.engine, 0
+    for batch in reader.batches(dock, "actor_rollout", ["prompts"], count, min_count=n, alone=alone):
+        prompts = torch.split(batch.columns["prompts"], batch.lengths["prompts"].tolist())
+        generator = policy.generator if base is None else batch_generator(base, batch.indexes)
+        out = engine.generate(prompts, policy.sampling, pad_token_id=_pad(policy), generator=generator)
+        columns: dict[str, Any] = {"responses": (out.tokens, out.lengths), "response_length": out.lengths}
+        if policy.engines.rollout.separate_kernels:
+            columns["rollout_log_prob"] = (out.logprobs, out.lengths)
+        if alone or puts:
+            dock.put(columns, batch.indexes)
+        tokens += int(out.lengths.sum())
+    return {"rollout_tokens": float(tokens)}
+
+
+def partial_rollout(
+    policy: Policy, reader: DockReader, dock: DockClient, count: int, *, base: int | None, version: int,
+    partial_max_tokens: int, max_age: int,
+) -> dict[str, float]:  # fmt: skip
+    """One partial-rollout round (see `_partial_rollout.partial_round`) over every row the rollout
+    has not finished: new prompt rows and responses carried over from earlier steps.
+
+    Rows are taken singly, not in whole groups (a carried group may hold finished rows), under a lease
+    acked by the put, so that downstream stages running beside the rollout wait for rows in flight.
+    """
+    totals = {"rollout_tokens": 0.0, "partial/rows_continued": 0.0, "partial/forced_completions": 0.0}
+    take: dict[str, Any] = {"min_count": 1, "groups": False, "lease": math.inf, "alone": True}
+    while (batch := reader.get(dock, "actor_rollout", ["prompts"], count, **take)) is not None:
+        prompts = list(torch.split(batch.columns["prompts"], batch.lengths["prompts"].tolist()))
+        generator = policy.generator if base is None else batch_generator(base, batch.indexes)
+        out = partial_round(
+            policy.engine, prompts, batch.ages, _responses_so_far(dock, batch), policy.sampling,
+            partial_max_tokens=partial_max_tokens, max_age=max_age, version=version,
+            pad_token_id=_pad(policy), generator=generator,
+        )  # fmt: skip
+        dock.put(out.columns, batch.indexes, completed=out.completed, ack=batch.lease)
+        totals["rollout_tokens"] += out.new_tokens
+        totals["partial/rows_continued"] += out.continued
+        totals["partial/forced_completions"] += out.forced
+    return totals
+
+
+def _pad(policy: Policy) -> int:
+    return int(policy.setup.tokenizer.pad_token_id)
+
+
+def _responses_so_far(
+    dock: DockClient, batch: Batch
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Per row of `batch`: (tokens, behaviour log-probs, policy versions) of its response so far."""
+    empty = (torch.zeros(0, dtype=torch.long), torch.zeros(0), torch.zeros(0, dtype=torch.int32))
+    previous = [empty] * batch.indexes.numel()
+    carried = (batch.ages > 0).nonzero().squeeze(1)
+    if carried.numel():
+        columns = ["responses", "rollout_log_prob", "policy_version"]
+        got = dock.peek(columns, batch.indexes[carried], layout="packed")
+        parts = [torch.split(got.columns[c], got.lengths[c].tolist()) for c in columns]
+        for i, row in enumerate(carried.tolist()):
+            previous[row] = (parts[0][i], parts[1][i], parts[2][i])
+    return previous
+
+
+class LogpMismatch:
+    """|log p_rollout - log p_train| over the sampled tokens of one stage: sum, count and max."""
+
+    def __init__(self) -> None:
+        self.total, self.count, self.max = 0.0, 0, 0.0
+
+    def add(self, rollout: torch.Tensor, train: torch.Tensor) -> None:
+        diff = (rollout.float() - train.float()).abs()  # [R]
+        self.total += float(diff.sum())
+        self.count += diff.numel()
+        self.max = max(self.max, float(diff.max())) if diff.numel() else self.max
+
+    def metrics(self) -> dict[str, float]:
+        if not self.count:
+            return {}
+        return {"rollout/logp_mismatch_mean": self.total / self.count, "rollout/logp_mismatch_max": self.max}
+
+
+def reshard_metrics(stats: Any) -> dict[str, float]:
+    """`reshard/*` figures of the last train -> infer resharding (none for a local conversion)."""
+    if stats is None:
+        return {}
+    moved = stats.bytes_sent + stats.bytes_received + stats.bytes_local
+    return {
+        "reshard/seconds": stats.seconds,
+        "reshard/bytes": float(moved),
+        "reshard/gbps": moved / max(stats.seconds, 1e-9) / 1e9,
+        "reshard/scratch_bytes": float(stats.scratch_bytes),
+    }
