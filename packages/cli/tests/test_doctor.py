@@ -118,3 +118,11 @@ def test_sizes_use_binary_units() -> None:
     assert [size(n) for n in (0, 1023, 1024, 6_929_408, 3 * 2**30)] == [
         "0 B", "1023 B", "1.00 KiB", "6.61 MiB", "3.00 GiB",
     ]  # fmt: skip
+
+
+def test_an_extra_whose_parent_package_is_missing_reads_as_not_installed() -> None:
+    """`find_spec("megatron.core")` raises when `megatron` itself is absent; the report says not installed."""
+    from entrepot.cli._doctor import _on_path
+
+    assert not _on_path("entrepot_no_such_parent.core")
+    assert _on_path("entrepot.cli")

@@ -28,9 +28,9 @@ GIB = 2**30
 
 # (module, what uses it, whether `config` does, what becomes of such a run without it)
 _EXTRAS = (
-    ("megatron.core", "engine.train=megatron", lambda c: c.engine.train == "megatron", "refused"),
-    ("vllm", "engine.rollout=vllm", lambda c: c.engine.rollout == "vllm", "refused"),
-    ("vllm_ascend", "vLLM on engine.device=npu", lambda c: c.engine.rollout == "vllm" and _npu(c), "fails"),
+    ("megatron.core", "engine.train=megatron", lambda c: "megatron.core" in _engine_modules(c), "refused"),
+    ("vllm", "engine.rollout=vllm", lambda c: "vllm" in _engine_modules(c), "refused"),
+    ("vllm_ascend", "vLLM on engine.device=npu", lambda c: "vllm" in _engine_modules(c) and _npu(c), "fails"),
     ("torch_npu", "engine.device=npu", lambda c: _npu(c), "refused"),
     ("tensorboard", "logging.tensorboard=true", lambda c: c.logging.tensorboard is True, "refused"),
 )
@@ -143,7 +143,7 @@ def _devices() -> Section:
 def _extras(config: GRPOConfig) -> Section:
     section = Section("Engine extras (found on the path, not imported)")
     for module, used_by, uses, without in _EXTRAS:
-        found = importlib.util.find_spec(module) is not None
+        found = _on_path(module)
         status = "installed" if found else "not installed"
         if uses(config):
             status += ", this config uses it" if found else f", this config uses it: the run is {without}"
@@ -285,6 +285,22 @@ def _host_memory() -> tuple[int, int] | None:
         return None
     kib = {line.split(":")[0]: int(line.split()[1]) for line in lines if line.split()[1:2]}
     return kib["MemTotal"] * 1024, kib.get("MemAvailable", kib["MemFree"]) * 1024
+
+
+def _on_path(module: str) -> bool:
+    """Whether `module` is on the path (a missing parent package counts as missing, not as an error)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # find_spec("megatron.core") imports `megatron` first
+        return False
+
+
+def _engine_modules(config: GRPOConfig) -> set[str]:
+    """The optional modules the configured engines need (`entrepot.grpo.engines.registry`)."""
+    from entrepot.grpo.engines.registry import choose_engines
+
+    engines = choose_engines(config.engine)
+    return {module for module in (engines.train.module, engines.rollout.module) if module is not None}
 
 
 def _npu(config: GRPOConfig) -> bool:
