@@ -44,7 +44,8 @@ def compare_with_hf(
                  "algorithm.kl_coef=0.0", "batching.max_tokens_per_micro_batch=40", "algorithm.grad_clip=0.5",
                  *model]  # fmt: skip
     config = load_config(None, overrides)
-    init_model_parallel(config, rank, world, f"tcp://127.0.0.1:{port}")
+    init_model_parallel(config.parallel.train, config.engine.device, config.seed, rank, world,
+                        f"tcp://127.0.0.1:{port}")  # fmt: skip
     torch.manual_seed(0)
     hf = build_model(config.model, VOCAB, pad_token_id=0, eos_token_id=1)
     single = copy.deepcopy(hf)

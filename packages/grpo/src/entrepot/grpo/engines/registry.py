@@ -60,7 +60,7 @@ def _start_megatron(config: Any, rank: int, world_size: int, model_parallel: int
 
     from entrepot.grpo.engines.megatron import init_model_parallel
 
-    init_model_parallel(config, rank, world_size, dist_init)
+    init_model_parallel(config.parallel.train, config.engine.device, config.seed, rank, world_size, dist_init)
     return mpu.get_model_parallel_group() if model_parallel > 1 else None
 
 

@@ -37,7 +37,15 @@ from typing import Any
 
 import torch
 
-from entrepot.grpo.config import GRPOConfig
+from entrepot.grpo.config import (
+    DataConfig,
+    EngineConfig,
+    EvalConfig,
+    GRPOConfig,
+    RewardConfig,
+    RolloutConfig,
+    TrainParallelConfig,
+)
 from entrepot.grpo.data.lengths import longest_sequence
 from entrepot.grpo.engines.registry import RolloutKind, choose_engines, rollout_kind
 from entrepot.grpo.engines.rollout_vllm import VLLM_KV_BLOCK_TOKENS, vllm_kv_cache_bytes
@@ -138,10 +146,10 @@ def estimate_memory(config: GRPOConfig) -> MemoryEstimate:
     kind = rollout_kind(config.engine, type(model).__name__)
     train = config.parallel.train
     num_ranks = config.resources.num_actor_workers * train.model_parallel
-    params = _nbytes(_rank_shard(config, adaptor, train_state).values())
-    copy, aliases = _resharded_copy(config, adaptor, train_state, kind, model.parameters())
-    sharded = engines.train.shards_weights  # a bucketed Resharder, scratch included
-    kv_cache, basis = _kv_cache(config, model.config, kind, num_ranks)
+    sharded = engines.train.shards_weights  # TP / PP shards, a bucketed Resharder with its scratch
+    params = _nbytes(_rank_shard(train, sharded, adaptor, train_state).values())
+    copy, aliases = _resharded_copy(sharded, adaptor, train_state, kind, model.parameters())
+    kv_cache, basis = _kv_cache(config.data, config.rollout, config.eval, model.config, kind, num_ranks)
     estimate = MemoryEstimate(
         num_params=sum(p.numel() for p in model.parameters()),
         num_ranks=num_ranks,
@@ -150,25 +158,25 @@ def estimate_memory(config: GRPOConfig) -> MemoryEstimate:
         grads=params,
         optimizer=ADAM_MOMENTS * params,
         reference=params if config.algorithm.kl_coef > 0 and config.resources.colocate else 0,
-        reward_models=_reward_model_bytes(config) if config.resources.colocate else 0,
-        rollout_weights=_rollout_weights(config, adaptor, train_state, kind),
+        reward_models=_reward_model_bytes(config.reward) if config.resources.colocate else 0,
+        rollout_weights=_rollout_weights(config.parallel.infer.tensor, adaptor, train_state, kind),
         resharded_copy=copy,
         reshard_scratch=config.engine.reshard_bucket_mb * 2**20 if sharded else 0,
         kv_cache=kv_cache,
         kv_cache_basis=basis,
         stages={},
     )
-    return _with_stages(estimate, config, kind, params_leave_after_load=aliases)
+    return _with_stages(estimate, config.engine, kind, params_leave_after_load=aliases)
 
 
-def _reward_model_bytes(config: GRPOConfig) -> int:
+def _reward_model_bytes(reward: RewardConfig) -> int:
     """Float32 bytes of every reward model, from its config.json on the meta device (nothing is read)."""
     from transformers import AutoConfig, AutoModel
 
     from entrepot.grpo.engines.reward_model import reward_model_kind
 
     total = 0
-    for path in config.reward.models:
+    for path in reward.models:
         kind = reward_model_kind(path)  # a RewardModelError naming the directory if it is none
         hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
         with torch.device("meta"):
@@ -203,12 +211,13 @@ def _policy_on_meta(config: GRPOConfig) -> torch.nn.Module:
         return AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
 
 
-def _rank_shard(config: GRPOConfig, adaptor: Any, train_state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-    """Training-layout tensors of the largest rank (the whole model with engine.train=torch)."""
+def _rank_shard(
+    train: TrainParallelConfig, sharded: bool, adaptor: Any, train_state: Mapping[str, torch.Tensor]
+) -> dict[str, Any]:
+    """Training-layout tensors of the largest rank (the whole model unless the engine shards it)."""
     from entrepot.resharding import ParallelLayout
 
-    train = config.parallel.train
-    if not choose_engines(config.engine).train.shards_weights:
+    if not sharded:
         return dict(train_state)
     vpp = train.virtual_pipeline if train.pipeline > 1 else None
     layout = ParallelLayout(tp=train.tensor, pp=train.pipeline, vpp=vpp)
@@ -221,11 +230,11 @@ def _rank_shard(config: GRPOConfig, adaptor: Any, train_state: Mapping[str, torc
 
 
 def _resharded_copy(
-    config: GRPOConfig, adaptor: Any, train_state: Mapping[str, torch.Tensor], kind: RolloutKind,
+    sharded: bool, adaptor: Any, train_state: Mapping[str, torch.Tensor], kind: RolloutKind,
     parameters: Iterable[torch.Tensor],
 ) -> tuple[int, bool]:  # fmt: skip
     """Bytes the train -> rollout resharding allocates, and whether its output aliases parameters."""
-    if choose_engines(config.engine).train.shards_weights:  # `Resharder`: the whole model in its own buffer
+    if sharded:  # `Resharder`: the whole model in a buffer of its own
         return _nbytes(adaptor.train_to_infer(train_state).values()), False
     from entrepot.resharding import LocalResharder
 
@@ -237,10 +246,9 @@ def _resharded_copy(
 
 
 def _rollout_weights(
-    config: GRPOConfig, adaptor: Any, train_state: Mapping[str, torch.Tensor], kind: RolloutKind
+    tensor: int, adaptor: Any, train_state: Mapping[str, torch.Tensor], kind: RolloutKind
 ) -> int:
-    """Bytes of the rollout engine's weights: the whole model, or a tensor-parallel vLLM's slice."""
-    tensor = config.parallel.infer.tensor
+    """Bytes of the rollout engine's weights: the whole model, or a `tensor`-parallel vLLM's slice."""
     if kind == "vllm" and tensor > 1:
         from entrepot.resharding import ParallelLayout
 
@@ -248,20 +256,23 @@ def _rollout_weights(
     return _nbytes(train_state.values())
 
 
-def _kv_cache(config: GRPOConfig, hf_config: Any, kind: RolloutKind, num_ranks: int) -> tuple[int, str]:
+def _kv_cache(
+    data: DataConfig, rollout: RolloutConfig, evaluation: EvalConfig, hf_config: Any, kind: RolloutKind,
+    num_ranks: int,
+) -> tuple[int, str]:  # fmt: skip
     """The rollout engine's largest KV cache and how it was sized."""
     from entrepot.resharding.adaptors import ModelDims
 
-    tokens = longest_sequence(config.data, config.rollout)
+    tokens = longest_sequence(data, rollout)
     if kind == "vllm":
-        seqs = config.rollout.batch_size
+        seqs = rollout.batch_size
         return vllm_kv_cache_bytes(hf_config, tokens, seqs), (
             f"vLLM's kv_cache_memory_bytes: {seqs} sequences x {tokens} tokens in "
             f"{VLLM_KV_BLOCK_TOKENS}-token blocks"
         )
     # a rank generates its share of the step's prompt groups at once, and evaluation all its prompts
-    rows = -(-config.rollout.prompts_per_step // num_ranks) * config.rollout.n_samples_per_prompt
-    seqs = max(rows, config.eval.num_prompts)
+    rows = -(-rollout.prompts_per_step // num_ranks) * rollout.n_samples_per_prompt
+    seqs = max(rows, evaluation.num_prompts)
     dims = ModelDims.from_config(hf_config)
     heads = dims.num_heads if kind == "gpt2" else dims.num_kv_heads  # the embedded engine caches every head
     per_token = 2 * dims.num_layers * heads * dims.head_dim * FLOAT32_BYTES
@@ -273,10 +284,11 @@ def _kv_cache(config: GRPOConfig, hf_config: Any, kind: RolloutKind, num_ranks: 
 
 
 def _with_stages(
-    estimate: MemoryEstimate, config: GRPOConfig, kind: RolloutKind, *, params_leave_after_load: bool
+    estimate: MemoryEstimate, flags: EngineConfig, kind: RolloutKind, *, params_leave_after_load: bool
 ) -> MemoryEstimate:
-    """`estimate` with the (device, host) bytes of each moment of the switch (see the module docstring)."""
-    flags, e = config.engine, estimate
+    """`estimate` with the (device, host) bytes of each moment of the switch (see the module docstring);
+    `flags`: the engine section's offload keys."""
+    e = estimate
     on_host = [  # offloaded state stays in host memory (the gradients are dropped instead)
         e.optimizer if flags.offload_optimizer else 0,
         e.reference if flags.reference_offloaded else 0,

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from entrepot.grpo.algo.optim import lr_lambda
-from entrepot.grpo.config import AlgorithmConfig, GRPOConfig
+from entrepot.grpo.config import AlgorithmConfig, TrainParallelConfig
 from entrepot.grpo.errors import GRPOConfigError
 
 __all__ = [
@@ -28,9 +28,8 @@ __all__ = [
 ]
 
 
-def check_model_fits(config: GRPOConfig, hf_config: Any, vocab_size: int) -> None:
+def check_model_fits(train: TrainParallelConfig, hf_config: Any, vocab_size: int) -> None:
     """Refuse a layout the model cannot take, naming the key (a local model's shape is known only now)."""
-    train = config.parallel.train
     heads = getattr(hf_config, "num_attention_heads", None) or hf_config.n_head
     groups = getattr(hf_config, "num_key_value_heads", None) or heads
     layers = getattr(hf_config, "num_hidden_layers", None) or hf_config.n_layer
@@ -50,13 +49,12 @@ def check_model_fits(config: GRPOConfig, hf_config: Any, vocab_size: int) -> Non
         )
 
 
-def training_transformer_config(config: GRPOConfig, hf_config: Any, device: torch.device) -> Any:
+def training_transformer_config(train: TrainParallelConfig, hf_config: Any, device: torch.device) -> Any:
     """megatron's `TransformerConfig` of `hf_config` at `parallel.train`'s layout, summing gradients."""
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
 
     from entrepot.resharding.engines.megatron_model import transformer_config
 
-    train = config.parallel.train
     tconfig = transformer_config(
         hf_config,
         cpu=device.type == "cpu",

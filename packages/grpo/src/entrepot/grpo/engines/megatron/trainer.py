@@ -71,8 +71,8 @@ class MegatronTrainer:
         self.config = config
         self.device = torch.device(config.engine.device)
         hf_config: Any = hf_model.config
-        check_model_fits(config, hf_config, int(hf_config.vocab_size))
-        self.tconfig = training_transformer_config(config, hf_config, self.device)
+        check_model_fits(config.parallel.train, hf_config, int(hf_config.vocab_size))
+        self.tconfig = training_transformer_config(config.parallel.train, hf_config, self.device)
         self.adaptor = get_adaptor(hf_architecture(hf_model), hf_config)
         full = self.adaptor.hf_to_train(weights_of(hf_model))
         chunks = loaded_chunks(gpt_model_chunks(hf_config, self.tconfig), full, self.adaptor, self.device)

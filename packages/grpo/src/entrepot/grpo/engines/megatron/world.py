@@ -10,19 +10,22 @@ import torch
 import torch.distributed as dist
 
 from entrepot.grpo.algo.update import process_group_backend
-from entrepot.grpo.config import GRPOConfig
+from entrepot.grpo.config import TrainParallelConfig
 from entrepot.grpo.engines.rendezvous import free_local_port
 
 __all__ = ["init_model_parallel"]
 
 
-def init_model_parallel(config: GRPOConfig, rank: int, world_size: int, dist_init: str) -> None:
-    """torch.distributed (gloo on CPU; NCCL for GPU tensors) and megatron-core's parallel state."""
+def init_model_parallel(
+    train: TrainParallelConfig, device_name: str, seed: int, rank: int, world_size: int, dist_init: str
+) -> None:
+    """torch.distributed (gloo on CPU; NCCL for GPU tensors) and megatron-core's parallel state at the
+    `train` layout, on `device_name` (`engine.device`), model-parallel RNG seeded by `seed`."""
     from entrepot.resharding.engines.megatron import require_megatron
     from entrepot.resharding.engines.megatron_cpu import enable_cpu_mode
 
     require_megatron()
-    device = torch.device(config.engine.device)
+    device = torch.device(device_name)
     enable_cpu_mode(device)
     if device.type == "cuda":
         torch.cuda.set_device(device.index or 0)
@@ -33,7 +36,6 @@ def init_model_parallel(config: GRPOConfig, rank: int, world_size: int, dist_ini
     from megatron.core import parallel_state as mpu
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    train = config.parallel.train
     vpp = train.virtual_pipeline if (train.virtual_pipeline or 1) > 1 else None
     mpu.destroy_model_parallel()
     mpu.initialize_model_parallel(
@@ -41,4 +43,4 @@ def init_model_parallel(config: GRPOConfig, rank: int, world_size: int, dist_ini
         pipeline_model_parallel_size=train.pipeline,
         virtual_pipeline_model_parallel_size=vpp,
     )
-    model_parallel_cuda_manual_seed(config.seed)
+    model_parallel_cuda_manual_seed(seed)
