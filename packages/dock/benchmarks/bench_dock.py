@@ -47,9 +47,13 @@ from tensordict import TensorDict
 sys.path.insert(0, str(Path(__file__).parent))
 from seed_baseline import SeedTransferDock
 
-from entrepot.dock import GRPO_COLUMNS, GRPO_CONSUMERS, GRPODock
+from entrepot.dock import GRPO_COLUMNS, GRPO_CONSUMERS, ColumnSpec, GRPODock
 
 N_SAMPLES = 8
+EXTRA_COLUMNS = {"input_ids": ColumnSpec(scalar=False)}
+"""Prompt + response tokens, as a trainer that stores its model inputs would put them (the GRPO
+preset has no such column: entrepot.grpo builds model inputs from prompts and responses)."""
+SEED_COLUMNS = [*GRPO_COLUMNS, *EXTRA_COLUMNS]
 CHUNK = 256
 TRAIN_COLUMNS = [
     "input_ids",
@@ -260,11 +264,11 @@ def run_baseline(work: Workload, num_prompts: int, remote: bool = False) -> Timi
         dock: Any = _RemoteCalls(
             ray.remote(SeedTransferDock)
             .options(num_cpus=0.25)
-            .remote(num_prompts, N_SAMPLES, list(GRPO_COLUMNS), list(GRPO_CONSUMERS))
+            .remote(num_prompts, N_SAMPLES, SEED_COLUMNS, list(GRPO_CONSUMERS))
         )
         dock.all_consumed("actor_train")  # wait for the actor to start, not timed
     else:
-        dock = SeedTransferDock(num_prompts, N_SAMPLES, list(GRPO_COLUMNS), list(GRPO_CONSUMERS))
+        dock = SeedTransferDock(num_prompts, N_SAMPLES, SEED_COLUMNS, list(GRPO_CONSUMERS))
     t = Timings(put_bytes=work.prompt_bytes)
     timed(lambda: dock.put_prompts_experience(work.prompts), t.put_s)
     for phase in work.phases:
@@ -417,7 +421,7 @@ def call_size_table(num_prompts: int, sizes: tuple[int, ...], iterations: int) -
     lines = []
     for size in sizes:
         work = make_workload(num_prompts, chunk=size)
-        dock, bound = GRPODock(num_prompts, N_SAMPLES), CopyBound()
+        dock, bound = GRPODock(num_prompts, N_SAMPLES, extra_columns=EXTRA_COLUMNS), CopyBound()
         steady = Steady()
         for turn in range(2 + 2 * iterations):  # two iterations to warm up, then the layouts in turn
             dock.clear()
@@ -449,7 +453,7 @@ def main() -> None:
     bound = CopyBound()
     baseline = run_baseline(work, num_prompts)
     base_total = sum(baseline.put_s) + sum(baseline.get_s)
-    small_dock = GRPODock(num_prompts, N_SAMPLES)
+    small_dock = GRPODock(num_prompts, N_SAMPLES, extra_columns=EXTRA_COLUMNS)
     ours = run_ours(small_dock, work, num_rows, bound)
     rows = [
         fmt_row("seed design, in-process", baseline, None),
@@ -488,7 +492,9 @@ def main() -> None:
         try:
             remote_base = run_baseline(work, num_prompts, remote=True)
             remote_total = sum(remote_base.put_s) + sum(remote_base.get_s)
-            client = RayDockClient.launch(GRPODock, prompts_num=num_prompts, n_samples_per_prompt=N_SAMPLES)
+            client = RayDockClient.launch(
+                GRPODock, prompts_num=num_prompts, n_samples_per_prompt=N_SAMPLES, extra_columns=EXTRA_COLUMNS
+            )
             client.reset()  # waits for the actor to start, not timed
             remote = run_ours(client, work, num_rows, bound)
             for _ in range(2):  # the third iteration: Ray's object store memory has been used once
@@ -560,7 +566,7 @@ def main() -> None:
     header = "| rows per call | put / copy        | padded get / copy | packed get / copy |"
     _print_table(header, call_size_table(num_prompts, (64, CHUNK, 1024), args.steady))
 
-    big_dock = GRPODock(1_000_000 // N_SAMPLES, N_SAMPLES)
+    big_dock = GRPODock(1_000_000 // N_SAMPLES, N_SAMPLES, extra_columns=EXTRA_COLUMNS)
     big = run_ours(big_dock, work, num_rows)
     small_tiny, big_tiny = tiny_get_cost(small_dock), tiny_get_cost(big_dock)
     small_get, big_get = statistics.median(ours.get_s), statistics.median(big.get_s)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -50,9 +52,9 @@ def same_state() -> Any:
     return assert_same_state
 
 
-@pytest.fixture
-def dock() -> ExperienceDock:
-    """16 rows; tokens int64 sequences, logp float32 sequences, score a float32 scalar."""
+def small_dock(**kwargs: Any) -> ExperienceDock:
+    """16 rows; tokens int64 sequences, logp float32 sequences, score a float32 scalar; consumers
+    ref and train. `kwargs`: further ExperienceDock arguments."""
     return ExperienceDock(
         16,
         columns={
@@ -61,7 +63,19 @@ def dock() -> ExperienceDock:
             "score": ColumnSpec(torch.float32, scalar=True),
         },
         consumers=["ref", "train"],
+        **kwargs,
     )
+
+
+@pytest.fixture
+def make_dock() -> Any:
+    return small_dock
+
+
+@pytest.fixture
+def dock() -> ExperienceDock:
+    """`small_dock()`."""
+    return small_dock()
 
 
 def rows_of(lengths: list[int], start: int = 0, dtype: torch.dtype = torch.int64) -> list[torch.Tensor]:
@@ -74,14 +88,52 @@ def make_rows() -> Any:
     return rows_of
 
 
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    """A Ray of 2 CPUs for one test module; `address="local"` starts it here, never joining a cluster
-    another process on the machine started."""
+_STARTED: list[str] = []  # the GCS address of the Ray `local_ray` started, once it has
+
+
+@pytest.fixture(scope="session")
+def _ray_of_the_session() -> Iterator[Any]:
+    """Shuts down, at the end of the test session, the Ray that `local_ray` started."""
     ray = pytest.importorskip("ray")
-    ray.init(
-        address="local", num_cpus=2, object_store_memory=500 * 1024 * 1024, include_dashboard=False,
-        log_to_driver=False,
-    )  # fmt: skip
+    yield ray
+    if _STARTED and ray.is_initialized():
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def local_ray(_ray_of_the_session: Any) -> Iterator[None]:
+    """A Ray of 2 CPUs, started once per test session and shared by the modules that use it (a start
+    costs seconds on a small machine); `address="local"` starts it here, never joining a cluster
+    another process on the machine started.
+
+    Each module still starts with every CPU free: a module whose actors still hold CPUs once it is
+    done (a failed test keeps its actors alive) shuts the Ray down, and the next module starts a
+    fresh one. A Ray that something else started in this process is replaced by ours.
+    """
+    ray = _ray_of_the_session
+    if not (ray.is_initialized() and ray.get_runtime_context().gcs_address in _STARTED):
+        if ray.is_initialized():
+            ray.shutdown()
+        ray.init(
+            address="local", num_cpus=2, object_store_memory=500 * 1024 * 1024, include_dashboard=False,
+            log_to_driver=False,
+        )  # fmt: skip
+        _STARTED[:] = [ray.get_runtime_context().gcs_address]
     yield
-    ray.shutdown()
+    if not _all_cpus_free(ray):
+        ray.shutdown()
+
+
+def _all_cpus_free(ray: Any, timeout: float = 10.0) -> bool:
+    """Whether every CPU of the running Ray is free, waiting up to `timeout` s (actors die asynchronously).
+
+    Collects garbage first: an actor lives as long as its handle, and a handle in a reference cycle
+    (a client and its shards) lives until the next collection.
+    """
+    gc.collect()
+    deadline = time.monotonic() + timeout
+    while ray.available_resources().get("CPU", 0.0) < ray.cluster_resources().get("CPU", 0.0):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True

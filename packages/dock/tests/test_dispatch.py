@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
+
+pytestmark = pytest.mark.integration  # three processes in a gloo world
 
 WORKER = Path(__file__).parent / "support" / "dispatch_worker.py"
 WORLD = 3

@@ -18,6 +18,8 @@ from entrepot.dock import (
     IndexOutOfRangeError,
     InvalidArgumentError,
     NotReadyError,
+    Padding,
+    Sampler,
     UnknownColumnError,
     UnknownConsumerError,
 )
@@ -40,7 +42,7 @@ def test_fifo_takes_lowest_ready_unconsumed_rows(dock, make_rows):
 
 def test_padded_layout_pads_to_multiple(dock, make_rows):
     fill(dock, make_rows, [0, 1, 2], lengths=[1, 3, 2])
-    batch = dock.get("ref", ["tokens", "score"], 3, pad_multiple=4, pad_value=-1)
+    batch = dock.get("ref", ["tokens", "score"], 3, padding=Padding(value=-1, multiple=4))
     assert batch.data.batch_size == torch.Size([3])
     assert batch.data["tokens"].shape == (3, 4)
     assert batch.data["tokens"][0].tolist() == [0, -1, -1, -1]
@@ -66,6 +68,7 @@ def test_columns_are_the_tensors_data_holds_as_a_tensordict(dock, make_rows):
             assert batch.data[name] is column
 
 
+@pytest.mark.integration  # a fresh interpreter (subprocess)
 def test_a_consumer_reading_columns_never_imports_tensordict():
     """tensordict's import (which pulls in torch._dynamo) is paid only through `Batch.data`."""
     script = (
@@ -121,7 +124,7 @@ def test_random_sampler_is_seeded_and_covers_all_rows(make_rows):
         dock = ExperienceDock(64, columns=["x"], consumers=["c"], seed=seed)
         dock.put({"x": torch.arange(64)}, torch.arange(64))
         out = []
-        while (batch := dock.get("c", ["x"], 8, sampler="random")) is not None:
+        while (batch := dock.get("c", ["x"], 8, sampler=Sampler(kind="random"))) is not None:
             out.append(batch.indexes.tolist())
         return out
 
@@ -186,22 +189,36 @@ def test_timeout_raises_and_takes_nothing(dock, make_rows, snapshot, same_state)
         ({"columns": ["tokens", "tokens"]}, InvalidArgumentError, "distinct"),
         ({"count": 0}, InvalidArgumentError, "count"),
         ({"min_count": 5}, InvalidArgumentError, "min_count"),
-        ({"sampler": "lifo"}, InvalidArgumentError, "sampler"),
+        ({"sampler": "random"}, InvalidArgumentError, "sampler must be a Sampler"),
         ({"layout": "ragged"}, InvalidArgumentError, "layout"),
-        ({"pad_multiple": 0}, InvalidArgumentError, "pad_multiple"),
+        ({"padding": -1}, InvalidArgumentError, "padding must be a Padding"),
         ({"indexes": [99]}, IndexOutOfRangeError, "99"),
-        ({"sampler": "balanced", "num_ranks": 3}, InvalidArgumentError, "num_ranks"),
+        ({"sampler": Sampler(kind="balanced", num_ranks=3)}, InvalidArgumentError, "num_ranks"),
         ({"groups": True}, GroupSizeError, "multiples"),
     ],
 )
-def test_get_errors_change_nothing(dock, make_rows, snapshot, same_state, kwargs, error, needle):
-    dock.n_samples_per_prompt = 4  # only read by group mode
+def test_get_errors_change_nothing(make_dock, make_rows, snapshot, same_state, kwargs, error, needle):
+    dock = make_dock(n_samples_per_prompt=4)  # only read by group mode
     fill(dock, make_rows, [0, 1])
     call = {"consumer": "ref", "columns": ["tokens"], "count": 2, **kwargs}
     before = snapshot(dock)
     with pytest.raises(error, match=needle):
         dock.get(call.pop("consumer"), call.pop("columns"), call.pop("count"), **call)
     same_state(before, snapshot(dock))
+
+
+@pytest.mark.parametrize(
+    ("build", "needle"),
+    [
+        (lambda: Sampler(kind="lifo"), "sampler kind must be one of"),
+        (lambda: Sampler(kind="balanced", num_ranks=0), "num_ranks must be an int >= 1, got 0"),
+        (lambda: Padding(multiple=0), "multiple must be an int >= 1, got 0"),
+        (lambda: Padding(multiple=2.0), "multiple must be an int >= 1, got 2.0"),
+    ],
+)
+def test_bad_get_options_are_refused_when_built(build, needle):
+    with pytest.raises(InvalidArgumentError, match=needle):
+        build()
 
 
 def test_peek_does_not_consume(dock, make_rows):

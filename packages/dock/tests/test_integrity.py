@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import torch
 
-from entrepot.dock import ColumnSpec, DockStateError, ExperienceDock
+from entrepot.dock import ColumnSpec, DockStateError, ExperienceDock, Sampler
 
 NUM_BIT_FLIPS = 200
 
@@ -55,7 +55,7 @@ def _saved_dock() -> ExperienceDock:
     dock.put({"score": torch.arange(8.0), "extra": [torch.ones(3, dtype=torch.int16)] * 8}, range(8))
     dock.clear([0, 1])
     dock.get("ref", ["tokens"], 4)
-    dock.get("train", ["tokens", "logp", "score"], 2, sampler="random")
+    dock.get("train", ["tokens", "logp", "score"], 2, sampler=Sampler(kind="random"))
     return dock
 
 
@@ -63,7 +63,7 @@ def _victim() -> ExperienceDock:
     """The live dock that bad loads must leave alone: rows of its own, other sampler positions."""
     dock = _build(seed=5)
     dock.put({"tokens": [torch.full((n,), n) for n in (3, 1, 4, 1)], "score": torch.ones(4)}, range(4))
-    dock.get("train", ["tokens", "score"], 2, sampler="random")
+    dock.get("train", ["tokens", "score"], 2, sampler=Sampler(kind="random"))
     return dock
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from entrepot.dock import ColumnSpec, DockStateError, ExperienceDock
+from entrepot.dock import ColumnSpec, DockStateError, ExperienceDock, Sampler
 
 
 def test_all_consumed_and_progress(dock, make_rows):
@@ -89,7 +89,7 @@ def _fill(dock):
 def test_resume_gives_the_same_remaining_deliveries(tmp_path):
     original = _build()
     _fill(original)
-    original.get("a", ["ids", "lp"], 5, sampler="random")
+    original.get("a", ["ids", "lp"], 5, sampler=Sampler(kind="random"))
     original.get("b", ["ids", "s"], 7)
     original.save(tmp_path / "dock.pt")
 
@@ -97,7 +97,7 @@ def test_resume_gives_the_same_remaining_deliveries(tmp_path):
     resumed.load(tmp_path / "dock.pt")
     assert resumed.progress("a") == original.progress("a")
     for consumer, cols, kwargs in (
-        ("a", ["ids", "lp"], {"sampler": "random"}),
+        ("a", ["ids", "lp"], {"sampler": Sampler(kind="random")}),
         ("b", ["ids", "s", "lp"], {}),
     ):
         expected = _drain(original, consumer, cols, 4, **kwargs)

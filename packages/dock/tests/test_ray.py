@@ -20,6 +20,7 @@ from entrepot.dock import (  # noqa: E402
     InvalidArgumentError,
     Lease,
     LeaseError,
+    Padding,
     UnknownColumnError,
 )
 from entrepot.dock._channel import _DIR as _channel_dir  # noqa: E402
@@ -30,7 +31,7 @@ from entrepot.dock.ray import RayDockClient  # noqa: E402
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-pytestmark = pytest.mark.usefixtures("local_ray")  # a Ray of 2 CPUs for the module (conftest)
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("local_ray")]  # a Ray of 2 CPUs (conftest)
 
 
 @ray.remote(num_cpus=0.25)
@@ -74,7 +75,8 @@ def test_grpo_dock_actor_round_trip_errors_and_state(tmp_path):
     client.put({"responses": responses, "rm_scores": torch.tensor([1.0, 2.0, 3.0, 4.0])}, rows)
     logp = torch.ones(4, 5, dtype=torch.bfloat16)
     client.put({"old_log_prob": (logp, torch.tensor([3, 5, 1, 2]))}, rows)
-    batch = client.get("actor_train", ["responses", "old_log_prob", "rm_scores"], 4, pad_multiple=4)
+    columns = ["responses", "old_log_prob", "rm_scores"]
+    batch = client.get("actor_train", columns, 4, padding=Padding(multiple=4))
     assert batch.data["responses"].shape == (4, 8) and batch.data["responses"][1, :5].tolist() == [
         0,
         1,
@@ -258,7 +260,7 @@ def test_a_call_the_channel_cannot_take_goes_through_ray_and_a_new_channel_follo
         _same_batch(client.get("c", ["x", "id"], count), local.get("c", ["x", "id"], count))
         assert client.channel_gets == via_channel, count
     assert client.channel_capacity >= 256 * 4096 * 8
-    ray.get(client.actor.detach_channel.remote(client._channel.name))  # as after an actor restart
+    ray.get(client.actor.detach_channel.remote(client._channel._current.name))  # as after an actor restart
     rows = torch.arange(448, 480)
     local.put(_long_rows(rows), rows)
     client.put(_long_rows(rows), rows)  # refused through the unknown channel, sent through Ray

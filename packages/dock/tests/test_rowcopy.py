@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from entrepot.dock import ColumnSpec, ExperienceDock
+from entrepot.dock import ColumnSpec, ExperienceDock, Padding
 from entrepot.dock._rowcopy import RowSource, pad_rows, unpad_into
 
 DTYPES = [torch.int64, torch.int32, torch.int8, torch.float32, torch.float16, torch.bfloat16, torch.bool]
@@ -64,9 +64,9 @@ def test_padded_get_of_rows_in_several_segments_and_orders():
         padded = _padded(lengths, torch.int64)
         dock.put({"x": padded}, range(start, start + 8), lengths={"x": torch.tensor(lengths)})
         expected.update({start + i: padded[i, :n] for i, n in enumerate(lengths)})
-    assert len(dock._stores["x"].segments) > 2  # the point of the test: rows come from several
+    assert len(dock._table.stores["x"].segments) > 2  # the point of the test: rows come from several
     order = torch.randperm(64, generator=torch.Generator().manual_seed(0))
-    batch = dock.peek(["x"], order, pad_value=-1)
+    batch = dock.peek(["x"], order, padding=Padding(value=-1))
     assert torch.equal(batch.data["x"], pad_sequence([expected[int(r)] for r in order], True, -1))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from entrepot.dock import ExperienceDock, InvalidArgumentError, dp_range_indexes
+from entrepot.dock import ExperienceDock, InvalidArgumentError, Sampler, dp_range_indexes
 
 
 def test_balanced_sampler_equalises_tokens_across_ranks():
@@ -13,7 +13,7 @@ def test_balanced_sampler_equalises_tokens_across_ranks():
     lengths = [n for g in (200, 180, 20, 10, 150, 160, 30, 40) for n in (g // 2, g // 2)]
     dock.put({"x": [torch.zeros(n) for n in lengths]}, range(16))
     fifo_parts = [sum(lengths[i * 4 : i * 4 + 4]) for i in range(4)]
-    batch = dock.get("c", ["x"], 16, sampler="balanced", num_ranks=4, groups=True)
+    batch = dock.get("c", ["x"], 16, sampler=Sampler(kind="balanced", num_ranks=4), groups=True)
     parts = [int(part.lengths["x"].sum()) for part in batch.split(4)]
     assert sum(parts) == sum(lengths) and sorted(batch.indexes.tolist()) == list(range(16))
     assert max(parts) - min(parts) < max(fifo_parts) - min(fifo_parts)

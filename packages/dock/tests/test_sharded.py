@@ -24,6 +24,7 @@ from entrepot.dock import (  # noqa: E402
     LeaseError,
     LossyDtypeError,
     NotReadyError,
+    Padding,
     UnknownColumnError,
 )
 from entrepot.dock.sharded import ShardedDockClient  # noqa: E402
@@ -31,7 +32,7 @@ from entrepot.dock.sharded import ShardedDockClient  # noqa: E402
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-pytestmark = pytest.mark.usefixtures("local_ray")  # a Ray of 2 CPUs for the module (conftest)
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("local_ray")]  # a Ray of 2 CPUs (conftest)
 
 
 def kill_and_wait(actor: Any, timeout: float = 60.0) -> None:
@@ -79,7 +80,8 @@ def test_same_results_as_one_dock_padded_packed_grouped_and_explicit():
     responses = _sequences(got.indexes)
     sharded.put({"responses": responses, "rm_scores": got.indexes.float()}, got.indexes)
     explicit = torch.tensor([13, 0, 7, 2])
-    batch = sharded.get("actor_train", ["responses", "rm_scores"], 4, indexes=explicit, pad_multiple=4)
+    columns = ["responses", "rm_scores"]
+    batch = sharded.get("actor_train", columns, 4, indexes=explicit, padding=Padding(multiple=4))
     assert batch.indexes.tolist() == explicit.tolist()  # the caller's order, rows from several shards
     assert batch.data["rm_scores"].tolist() == [13.0, 0.0, 7.0, 2.0]
     assert batch.lengths["responses"].tolist() == [4, 1, 3, 3] and batch.data["responses"].shape == (4, 4)

@@ -34,7 +34,9 @@ from entrepot.dock import (  # noqa: E402
     LeaseError,
     LossyDtypeError,
     NotReadyError,
+    Padding,
     RowCountMismatchError,
+    Sampler,
     UnknownColumnError,
     UnknownConsumerError,
 )
@@ -46,7 +48,7 @@ STATUSES = ("ready", "consumed", "live", "age", "completed", "born")
 UNCOMPARED_METRICS = ("dock/bytes_allocated", "dock/shards")  # and dock/wait_s/* (timing)
 
 
-pytestmark = pytest.mark.usefixtures("local_ray")  # a Ray of 2 CPUs for the module (conftest)
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("local_ray")]  # a Ray of 2 CPUs (conftest)
 
 
 class Each(tuple):
@@ -126,13 +128,13 @@ class Twin:
     def check_state(self, what: str = "") -> None:
         """Every status bitmap, the learned column kinds and the metrics are equal in both docks."""
         one = self.one.state_dict()
-        ledger, kinds = self.sharded._call("state")
+        ledger, kinds = self.sharded._router.call("state")
         for key in STATUSES:
             assert torch.equal(one[key], ledger[key]), f"after {what}: {key}"
         assert one["policy_version"] == ledger["policy_version"], f"after {what}: policy_version"
         for a, b in zip(one["generators"], ledger["generators"], strict=True):
             assert torch.equal(a, b), f"after {what}: random sampler state"
-        learned = {name: store.dtype for name, store in self.one._stores.items() if store is not None}
+        learned = {name: store.dtype for name, store in self.one._table.stores.items() if store is not None}
         assert learned == {name: dtype for name, (dtype, _) in kinds.items()}, f"after {what}: column dtypes"
         metrics = [self.one.metrics(), self.sharded.metrics()]
         for m in metrics:
@@ -190,20 +192,20 @@ def test_balanced_and_random_samplers_pick_and_order_rows_as_one_dock(plain):
     dock = plain
     lengths = [n for g in (200, 180, 20, 10, 150, 160, 30, 40) for n in (g // 2, g // 2)]
     dock("put", {"x": [torch.zeros(n) for n in lengths], "s": torch.arange(16)}, range(16))
-    batch = dock("get", "c", ["x", "s"], 16, sampler="balanced", num_ranks=4, groups=True)[0]
+    batch = dock("get", "c", ["x", "s"], 16, sampler=Sampler(kind="balanced", num_ranks=4), groups=True)[0]
     parts = [int(part.lengths["x"].sum()) for part in batch.split(4)]
     assert sorted(batch.indexes.tolist()) == list(range(16)) and max(parts) - min(parts) < 100
     with pytest.raises(InvalidArgumentError, match="num_ranks"):
-        dock("get", "d", ["x"], 8, sampler="balanced", num_ranks=3)
+        dock("get", "d", ["x"], 8, sampler=Sampler(kind="balanced", num_ranks=3))
     with pytest.raises(InvalidArgumentError, match="min_count == count"):
-        dock("get", "d", ["x"], 8, sampler="balanced", num_ranks=2, min_count=4)
+        dock("get", "d", ["x"], 8, sampler=Sampler(kind="balanced", num_ranks=2), min_count=4)
     # single rows (no groups), balanced by a scalar column (one token a row) and a sequence column; random
-    dock("get", "d", ["s"], 4, sampler="balanced", num_ranks=2)
-    dock("get", "d", ["x"], 4, sampler="balanced", num_ranks=2, layout="packed")
-    dock("get", "d", ["x"], 2, sampler="random", groups=True)
+    dock("get", "d", ["s"], 4, sampler=Sampler(kind="balanced", num_ranks=2))
+    dock("get", "d", ["x"], 4, sampler=Sampler(kind="balanced", num_ranks=2), layout="packed")
+    dock("get", "d", ["x"], 2, sampler=Sampler(kind="random"), groups=True)
     for _ in range(2):
-        dock("get", "d", ["x", "s"], 3, sampler="random", min_count=1)
-    assert dock("get", "d", ["x"], 2, sampler="random") == (None, None)
+        dock("get", "d", ["x", "s"], 3, sampler=Sampler(kind="random"), min_count=1)
+    assert dock("get", "d", ["x"], 2, sampler=Sampler(kind="random")) == (None, None)
 
 
 # ---------------------------------------------------------------------- leases
@@ -373,13 +375,14 @@ def test_reset_forgets_rows_leases_and_learned_dtypes(plain):
     dock = plain
     dock("put", {"x": [torch.ones(2, dtype=torch.float64)] * 4, "s": torch.arange(4)}, range(4))
     held = dock("get", "c", ["x"], 2, lease=math.inf)
-    dock("get", "c", ["x", "s"], 2, sampler="random")
+    dock("get", "c", ["x", "s"], 2, sampler=Sampler(kind="random"))
     dock("reset")
     with pytest.raises(LeaseError):
         dock("ack", held.lease)
     dock("put", {"x": [torch.ones(3, dtype=torch.int8)] * 2, "s": torch.tensor([0.5, 1.5])}, [4, 5])
     assert dock("peek", ["x", "s"], [5, 4]).data[0]["x"].dtype == torch.int8
-    assert dock("get", "c", ["x", "s"], 2, sampler="random", timeout=5).indexes[0].tolist() == [4, 5]
+    again = dock("get", "c", ["x", "s"], 2, sampler=Sampler(kind="random"), timeout=5)
+    assert again.indexes[0].tolist() == [4, 5]
     assert dock("all_consumed", "c") == (True, True)
 
 
@@ -404,11 +407,11 @@ def test_explicit_indexes_already_consumed_and_group_size_errors(plain):
     with pytest.raises(DockTimeout):  # held under a lease by the same consumer: waits
         dock("get", "d", ["x"], 1, indexes=[10], timeout=0.1)
     dock("release", held.lease)
-    dock("get", "d", ["x"], 2, indexes=[10], layout="packed", pad_multiple=4)
+    dock("get", "d", ["x"], 2, indexes=[10], layout="packed", padding=Padding(multiple=4))
     for layout in ("padded", "packed"):  # no rows: empty columns of the stored dtypes and kinds
         dock("get", "d", ["x", "s"], 2, indexes=[], layout=layout)
         dock("peek", ["x", "s"], [], layout=layout)
-    got = dock("get", "c", ["x"], 4, groups=True, pad_multiple=4, pad_value=-1)  # whole groups only
+    got = dock("get", "c", ["x"], 4, groups=True, padding=Padding(value=-1, multiple=4))  # whole groups only
     assert got.indexes[0].tolist() == [0, 1, 6, 7]
     assert dock("progress", "c") == ({"consumed": 7, "live": 12},) * 2
 

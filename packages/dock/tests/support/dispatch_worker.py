@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from entrepot.dock import ColumnSpec, ExperienceDock, dispatch_get
+from entrepot.dock import ColumnSpec, ExperienceDock, Padding, dispatch_get
 
 NUM_ROWS = 24
 COLUMNS = ["ids", "lp", "score", "mask"]
@@ -56,7 +56,8 @@ def main(rank: int, world: int, init_file: str, out_dir: str) -> None:
         setattr(dist, name, counted)
     dock = build_dock() if rank == 0 else None
     received = []
-    while (batch := dispatch_get(dock, "train", COLUMNS, 5, min_count=1, src=0, pad_multiple=2)) is not None:
+    padding = Padding(multiple=2)
+    while (batch := dispatch_get(dock, "train", COLUMNS, 5, min_count=1, src=0, padding=padding)) is not None:
         received.append({"indexes": batch.indexes, "lengths": batch.lengths, **batch.data.to_dict()})
     torch.save({"batches": received, "calls": calls}, f"{out_dir}/rank{rank}.pt")
     dist.destroy_process_group()

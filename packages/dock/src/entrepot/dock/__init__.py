@@ -1,6 +1,7 @@
 """entrepot.dock: the experience store between rollout and training, in-process or as a Ray actor.
 
-`ExperienceDock` is the core store (rows x columns, ready and consumed bitmaps, blocking gets);
+`ExperienceDock` is the core store (rows x columns, ready and consumed bitmaps, blocking gets;
+`Sampler` and `Padding` are a get's rarer options);
 `GRPODock` is its GRPO preset; `DockClient` is the protocol stages program against;
 `entrepot.dock.ray` (extra `ray`) runs a dock in a Ray actor, `entrepot.dock.sharded` spreads one
 over Ray nodes; `dispatch_get` hands a batch to a
@@ -35,6 +36,7 @@ from entrepot.dock._errors import (
 )
 from entrepot.dock._grpo import GRPO_COLUMNS, GRPO_CONSUMERS, GRPODock
 from entrepot.dock._leases import Lease
+from entrepot.dock._options import Padding, Sampler
 from entrepot.dock._sampling import dp_range_indexes
 from entrepot.dock._version import __version__
 
@@ -64,7 +66,9 @@ __all__ = [
     "LengthMismatchError",
     "LossyDtypeError",
     "NotReadyError",
+    "Padding",
     "RowCountMismatchError",
+    "Sampler",
     "UnknownColumnError",
     "UnknownConsumerError",
     "__version__",

@@ -24,7 +24,7 @@ class Batch:
     """Rows handed to one consumer.
 
     Shape legend: B rows, L_c the padded width of column c (its longest row rounded up to
-    `pad_multiple`), T_c the total valid elements of column c.
+    `Padding.multiple`), T_c the total valid elements of column c.
 
     Attributes:
         indexes: int64 [B] the dock rows, in batch order; pass them back to `put` with the outputs.

@@ -7,15 +7,17 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from entrepot.dock._batch import Batch
+from entrepot.dock._batch import Batch, Layout
 from entrepot.dock._leases import Lease
+from entrepot.dock._options import FIFO, ZERO_PADDING, Padding, Sampler
 
 
 @runtime_checkable
 class DockClient(Protocol):
     """What stages use. `ExperienceDock` (and `GRPODock`) implement it in-process, with no copy of the
     caller's tensors beyond the store itself; `entrepot.dock.ray.RayDockClient` implements it for a dock
-    in a Ray actor. Arguments and results are those of `ExperienceDock`.
+    in a Ray actor, `entrepot.dock.sharded.ShardedDockClient` for one sharded over Ray nodes.
+    Arguments and results are those of `ExperienceDock`.
     """
 
     def put(
@@ -38,20 +40,25 @@ class DockClient(Protocol):
         min_count: int | None = None,
         timeout: float | None = None,
         groups: bool | None = None,
-        sampler: Any = "fifo",
-        num_ranks: int = 1,
-        layout: Any = "padded",
-        pad_value: float = 0,
-        pad_multiple: int = 1,
+        layout: Layout = "padded",
         lease: float | None = None,
         lease_key: str | None = None,
+        sampler: Sampler = FIFO,
+        padding: Padding = ZERO_PADDING,
     ) -> Batch | None: ...
 
     def ack(self, lease: Lease, indexes: Sequence[int] | torch.Tensor | None = None) -> None: ...
 
     def release(self, lease: Lease) -> int: ...
 
-    def peek(self, columns: Sequence[str], indexes: Sequence[int] | torch.Tensor, **kwargs: Any) -> Batch: ...
+    def peek(
+        self,
+        columns: Sequence[str],
+        indexes: Sequence[int] | torch.Tensor,
+        *,
+        layout: Layout = "padded",
+        padding: Padding = ZERO_PADDING,
+    ) -> Batch: ...
 
     def all_consumed(self, consumer: str) -> bool: ...
 

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from entrepot.dock._batch import Batch, Layout, build_batch
 from entrepot.dock._client import DockClient
+from entrepot.dock._options import ZERO_PADDING, Padding, check_padding
 from entrepot.dock._wire import decode, encode_raw
 
 
@@ -29,8 +30,7 @@ def dispatch_get(
     src: int = 0,
     device: torch.device | str = "cpu",
     layout: Layout = "padded",
-    pad_value: float = 0,
-    pad_multiple: int = 1,
+    padding: Padding = ZERO_PADDING,
     **get_kwargs: Any,
 ) -> Batch | None:
     """Get a batch on rank `src` of `group` and hand the same batch to every rank of the group.
@@ -45,11 +45,12 @@ def dispatch_get(
         group: the torch.distributed process group (None: the default group).
         src: the global rank that reads from the dock.
         device: where the broadcast buffer lives (cuda for NCCL); the batch is returned on it.
-        layout, pad_value, pad_multiple: the batch layout built on every rank.
+        layout, padding: the batch layout built on every rank.
 
     Returns:
         The batch (identical on every rank), or None when the consumer is done.
     """
+    check_padding(padding)
     meta: list[Any] = [None]
     buffer: torch.Tensor | None = None
     batch: Batch | None = None
@@ -75,5 +76,5 @@ def dispatch_get(
         name: (flat.clone() if lengths is None else flat, None if lengths is None else lengths.clone())
         for name, (flat, lengths) in raw.items()
     }
-    out = build_batch(rows.clone(), raw, ages.clone(), layout, pad_value, pad_multiple)
+    out = build_batch(rows.clone(), raw, ages.clone(), layout, padding.value, padding.multiple)
     return out if lease is None else replace(out, lease=lease)

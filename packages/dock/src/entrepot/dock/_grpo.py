@@ -17,22 +17,20 @@ _SEQ = ColumnSpec(scalar=False)
 _SCALAR = ColumnSpec(scalar=True)
 
 GRPO_COLUMNS: dict[str, ColumnSpec] = {
-    "prompts": _SEQ,
-    "prompt_length": _SCALAR,
-    "responses": _SEQ,
-    "response_length": _SCALAR,
-    "attention_mask": _SEQ,
-    "labels": _SEQ,
-    "input_ids": _SEQ,
-    "input_ids_length": _SCALAR,
-    "rm_scores": _SCALAR,
-    "token_level_rewards": _SEQ,
-    "old_log_prob": _SEQ,
-    "ref_log_prob": _SEQ,
+    "prompts": _SEQ,  # put_prompts
+    "prompt_length": _SCALAR,  # put_prompts
+    "responses": _SEQ,  # the rollout
+    "response_length": _SCALAR,  # the rollout
+    "rm_scores": _SCALAR,  # the reward stage
+    "old_log_prob": _SEQ,  # the actor, before its update
+    "ref_log_prob": _SEQ,  # the reference model
     "advantages": _SCALAR,  # one per response: GRPO advantages are per sequence
-    "returns": _SEQ,
 }
-"""The GRPO columns (dtypes are fixed by the first put; kinds are fixed here)."""
+"""The GRPO columns, each with the stage that writes it (dtypes are fixed by the first put; kinds here).
+
+Only columns a GRPO stage writes: model inputs (input ids, masks, labels) are built from prompts and
+responses where a model needs them, and a run's own columns go in `GRPODock(extra_columns=...)`.
+"""
 
 GRPO_CONSUMERS: tuple[str, ...] = (
     "actor_rollout",
@@ -111,7 +109,8 @@ class GRPODock(ExperienceDock):
         Returns:
             int64 [P * n] the rows written; prompt p occupies rows[p * n : (p + 1) * n].
         """
-        n = self.n_samples_per_prompt
+        t = self._table
+        n = t.n_samples_per_prompt
         if n_samples_per_prompt is not None and n_samples_per_prompt != n:
             raise InvalidArgumentError(
                 f"n_samples_per_prompt is {n} in this dock, got {n_samples_per_prompt}"
@@ -120,7 +119,7 @@ class GRPODock(ExperienceDock):
         column = normalize_column("prompts", prompts, lengths, num_prompts, False)
         extras = {
             name: normalize_column(
-                name, value, None, num_prompts, self._scalar_kind(name) if name in self._specs else None
+                name, value, None, num_prompts, t.scalar_kind(name) if name in t.specs else None
             )
             for name, value in (extra or {}).items()
         }
@@ -131,8 +130,8 @@ class GRPODock(ExperienceDock):
         }
         for name, values in extras.items():
             data[name] = _fan_out(values, n)
-        with self._cond:  # choose free groups and fill them atomically
-            free = (~self._live.view(-1, n).any(1)).nonzero().squeeze(1)
+        with t.cond:  # choose free groups and fill them atomically
+            free = (~t.live.view(-1, n).any(1)).nonzero().squeeze(1)
             if free.numel() < num_prompts:
                 raise DockFullError(
                     f"{num_prompts} prompts need {num_prompts} free groups of {n} rows; "

@@ -25,6 +25,8 @@ from entrepot.dock._columns import ColumnSpec, is_lossless
 from entrepot.dock._dock import ExperienceDock
 from entrepot.dock._errors import ColumnLayoutError, DockFullError, LossyDtypeError, UnknownColumnError
 from entrepot.dock._leases import Lease
+from entrepot.dock._table import DockTable
+from entrepot.dock._take import RowTaker
 from entrepot.dock._taken import Taken
 
 Kind = tuple[torch.dtype, bool]
@@ -111,6 +113,49 @@ class ColumnKinds:
             }
 
 
+class LedgerTaker(RowTaker):
+    """The get path of a ledger: snapshots of row lengths (`LengthsTaken`), and a preference for the
+    rows of the caller's node's shards (`take_preferring`)."""
+
+    def __init__(self, table: DockTable, kinds: ColumnKinds) -> None:
+        super().__init__(table)
+        self.kinds = kinds
+        self._prefer = threading.local()  # per get: bool [capacity] rows to look at first
+
+    def snapshot(self, columns: Sequence[str], rows: torch.Tensor) -> Taken:
+        taken = super().snapshot(columns, rows)
+        kinds = {name: kind for name, kind in self.kinds.known().items() if name in taken.parts}
+        return LengthsTaken(taken.rows, taken.parts, taken.ages, taken.lease, kinds)
+
+    def take_preferring(self, prefer: torch.Tensor | None, *args: Any, **kwargs: Any) -> Taken | None:
+        """`take` that first looks only at rows `prefer` (bool [capacity], e.g. the caller's node's
+        shards) and takes from the whole dock when those cannot fill the get."""
+        self._prefer.rows = prefer
+        try:
+            return self.take(*args, **kwargs)
+        finally:
+            self._prefer.rows = None
+
+    def pick(self, k: int, col_ids: list[int], *args: Any) -> torch.Tensor | None:
+        prefer = getattr(self._prefer, "rows", None)
+        if prefer is not None:
+            self._prefer.only = prefer
+            try:
+                picked = super().pick(k, col_ids, *args)
+            finally:
+                self._prefer.only = None
+            if picked is not None:
+                return picked
+        return super().pick(k, col_ids, *args)
+
+    def available_fn(self, k: int, col_ids: list[int], finished: torch.Tensor | None) -> Any:
+        available = super().available_fn(k, col_ids, finished)
+        only = getattr(self._prefer, "only", None)
+        if only is None:
+            return available
+        return lambda lo, hi: available(lo, hi) & only[lo:hi]
+
+
 class Ledger(ExperienceDock):
     """An ExperienceDock of row lengths with the statuses of a sharded dock.
 
@@ -119,6 +164,8 @@ class Ledger(ExperienceDock):
             rollout); it holds no data, only settings are read from it.
         shard_of_group: int64 [capacity / n_samples_per_prompt] the shard holding each prompt group.
     """
+
+    _taker: LedgerTaker
 
     def __init__(self, template: ExperienceDock, shard_of_group: torch.Tensor) -> None:
         super().__init__(
@@ -132,54 +179,20 @@ class Ledger(ExperienceDock):
             max_staleness=template.max_staleness,
             group_gets=template.group_gets,
         )
-        self.kinds = ColumnKinds(template._specs)
+        self.kinds = ColumnKinds(template._table.specs)
         self.shard_of_group = shard_of_group
         self._claimed = torch.zeros(shard_of_group.numel(), dtype=torch.bool)  # groups a put_prompts holds
-        self._prefer = threading.local()  # per get: bool [capacity] rows to look at first
-
-    def _snapshot(self, columns: Sequence[str], rows: torch.Tensor) -> Taken:
-        taken = super()._snapshot(columns, rows)
-        kinds = {name: kind for name, kind in self.kinds.known().items() if name in taken.parts}
-        return LengthsTaken(taken.rows, taken.parts, taken.ages, taken.lease, kinds)
-
-    # ------------------------------------------------------------------ locality
-
-    def take_preferring(self, prefer: torch.Tensor | None, *args: Any, **kwargs: Any) -> Taken | None:
-        """`_take` that first looks only at rows `prefer` (bool [capacity], e.g. the caller's node's
-        shards) and takes from the whole dock when those cannot fill the get."""
-        self._prefer.rows = prefer
-        try:
-            return self._take(*args, **kwargs)
-        finally:
-            self._prefer.rows = None
-
-    def _pick(self, k: int, col_ids: list[int], *args: Any) -> torch.Tensor | None:
-        prefer = getattr(self._prefer, "rows", None)
-        if prefer is not None:
-            self._prefer.only = prefer
-            try:
-                picked = super()._pick(k, col_ids, *args)
-            finally:
-                self._prefer.only = None
-            if picked is not None:
-                return picked
-        return super()._pick(k, col_ids, *args)
-
-    def _available_fn(self, k: int, col_ids: list[int], finished: torch.Tensor | None) -> Any:
-        available = super()._available_fn(k, col_ids, finished)
-        only = getattr(self._prefer, "only", None)
-        if only is None:
-            return available
-        return lambda lo, hi: available(lo, hi) & only[lo:hi]
+        self._taker = LedgerTaker(self._table, self.kinds)
 
     # ------------------------------------------------------------------ prompt groups
 
     def claim_groups(self, num_groups: int, spread: bool = True) -> torch.Tensor:
         """Hold `num_groups` free prompt groups for a put (round robin over shards when `spread`);
         their rows, group by group. `release_groups` (or the put) gives them up."""
-        n = self.n_samples_per_prompt
-        with self._cond:
-            free = ~self._live.view(-1, n).any(1) & ~self._claimed
+        t = self._table
+        n = t.n_samples_per_prompt
+        with t.cond:
+            free = ~t.live.view(-1, n).any(1) & ~self._claimed
             groups = free.nonzero().squeeze(1)
             if groups.numel() < num_groups:
                 raise DockFullError(
@@ -199,23 +212,25 @@ class Ledger(ExperienceDock):
 
     def release_groups(self, rows: torch.Tensor) -> None:
         """Give up the groups of `rows` that `claim_groups` held."""
-        with self._cond:
+        with self._table.cond:
             self._claimed[rows // self.n_samples_per_prompt] = False
 
     def check_lease(self, lease: Lease, rows: torch.Tensor) -> None:
         """`LeaseError` unless `lease` holds `rows` now (leases past their deadline expire first)."""
-        with self._cond:
-            self._leases.expire(time.monotonic())
-            self._leases.held_rows(lease, rows)
+        t = self._table
+        with t.cond:
+            t.leases.expire(time.monotonic())
+            t.leases.held_rows(lease, rows)
 
     def pin(self, lease: Lease, seconds: float) -> None:
         """Keep `lease` (checked by `check_lease` under the same lock hold) from expiring for `seconds`:
         a put acking it is under way."""
-        with self._cond:
-            self._leases.extend(lease, time.monotonic() + seconds)
+        t = self._table
+        with t.cond:
+            t.leases.extend(lease, time.monotonic() + seconds)
 
     def reset(self) -> None:
         super().reset()
-        with self._cond:
+        with self._table.cond:
             self.kinds.reset()
             self._claimed.zero_()

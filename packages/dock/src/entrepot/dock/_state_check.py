@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 import torch
 
 from entrepot.dock._errors import DockStateError
-
-if TYPE_CHECKING:
-    from entrepot.dock._lifecycle import DockLifecycle
+from entrepot.dock._table import DockTable
 
 FORMAT = 1
 REQUIRED_KEYS = frozenset({
@@ -30,10 +28,13 @@ _GENERATOR_STATE_BYTES = torch.Generator().get_state().numel()
 
 
 class StateCheck:
-    """The checks of one state against one dock; `source` names the state in every error."""
+    """The checks of one state against one dock's table; `source` names the state in every error.
 
-    def __init__(self, dock: DockLifecycle, source: str) -> None:
-        self.dock = dock
+    Only the table's settings are read (capacity, columns, consumers, specs), never its rows.
+    """
+
+    def __init__(self, table: DockTable, source: str) -> None:
+        self.table = table
         self.source = source
 
     def fail(self, detail: str) -> NoReturn:
@@ -47,21 +48,21 @@ class StateCheck:
         if missing or unknown:
             self.fail(f"missing keys {sorted(missing)}, unknown keys {sorted(map(str, unknown))}")
         self._check_identity(state)
-        ready = self.tensor(state, "ready", torch.bool, (len(self.dock.columns), self.dock.capacity))
-        live = self.tensor(state, "live", torch.bool, (self.dock.capacity,))
+        ready = self.tensor(state, "ready", torch.bool, (len(self.table.columns), self.table.capacity))
+        live = self.tensor(state, "live", torch.bool, (self.table.capacity,))
         self._check_statuses(state, ready, live)
         self._check_columns(state["columns"], ready)
         self._check_generators(state["generators"])
         self._check_counters(state)
 
     def _check_identity(self, state: Mapping[str, Any]) -> None:
-        dock = self.dock
+        t = self.table
         expected: dict[str, Any] = {
             "format": FORMAT,
-            "capacity": dock.capacity,
-            "n_samples_per_prompt": dock.n_samples_per_prompt,
-            "columns_order": list(dock.columns),
-            "consumers": list(dock.consumers),
+            "capacity": t.capacity,
+            "n_samples_per_prompt": t.n_samples_per_prompt,
+            "columns_order": list(t.columns),
+            "consumers": list(t.consumers),
         }
         for key, value in expected.items():
             got = state[key]
@@ -84,11 +85,11 @@ class StateCheck:
 
     def _check_statuses(self, state: Mapping[str, Any], ready: torch.Tensor, live: torch.Tensor) -> None:
         """Consumed bits, ages and completed flags; ready and consumed rows must be live."""
-        dock = self.dock
-        consumed = self.tensor(state, "consumed", torch.bool, (len(dock.consumers), dock.capacity))
-        age = self.tensor(state, "age", torch.int32, (dock.capacity,))
-        completed = self.tensor(state, "completed", torch.bool, (dock.capacity,))
-        for bits, names, what in ((ready, dock.columns, "column"), (consumed, dock.consumers, "consumer")):
+        t = self.table
+        consumed = self.tensor(state, "consumed", torch.bool, (len(t.consumers), t.capacity))
+        age = self.tensor(state, "age", torch.int32, (t.capacity,))
+        completed = self.tensor(state, "completed", torch.bool, (t.capacity,))
+        for bits, names, what in ((ready, t.columns, "column"), (consumed, t.consumers, "consumer")):
             stray = (bits & ~live).nonzero()
             if stray.numel():
                 index, row = stray[0].tolist()
@@ -107,21 +108,21 @@ class StateCheck:
             self.fail(f"policy_version is {_short(version)}, not an int >= 0")
         if "born" not in state:
             return
-        born = self.tensor(state, "born", torch.int64, (self.dock.capacity,))
+        born = self.tensor(state, "born", torch.int64, (self.table.capacity,))
         bad = (born < -1) | (born > version) | (~live & (born != -1))
         if bool(bad.any()):
             row = int(bad.nonzero()[0])
             self.fail(f"born[{row}] is {int(born[row])}: must be -1 (empty row) or in [0, {version}]")
 
     def _check_columns(self, columns: Any, ready: torch.Tensor) -> None:
-        dock = self.dock
+        t = self.table
         if not isinstance(columns, Mapping):
             self.fail(f"columns is a {type(columns).__name__}, not a mapping of column name -> data")
-        unknown = [name for name in columns if name not in dock._column_index]
+        unknown = [name for name in columns if name not in t.column_index]
         if unknown:
-            self.fail(f"holds data of unknown columns {_short(unknown)}; this dock has {dock.columns}")
-        for name in dock.columns:
-            column_ready = ready[dock._column_index[name]]
+            self.fail(f"holds data of unknown columns {_short(unknown)}; this dock has {t.columns}")
+        for name in t.columns:
+            column_ready = ready[t.column_index[name]]
             if name in columns:
                 self._check_column(name, columns[name], column_ready)
             elif bool(column_ready.any()):
@@ -136,7 +137,7 @@ class StateCheck:
         if set(saved) != fields:
             self.fail(f"{key} has keys {sorted(map(str, saved))}; expected {sorted(fields)}")
         dtype = self.dtype(key, saved["dtype"])
-        spec = self.dock._specs[name]
+        spec = self.table.specs[name]
         if spec.dtype is not None and spec.dtype != dtype:
             self.fail(f"{key} stores {dtype} but this dock's column is {spec.dtype}")
         if spec.scalar is not None and spec.scalar != saved["scalar"]:
@@ -144,7 +145,7 @@ class StateCheck:
             self.fail(
                 f"{key} is {'scalar' if saved['scalar'] else 'sequence'} but this dock's column is {kind}"
             )
-        capacity = self.dock.capacity
+        capacity = self.table.capacity
         if saved["scalar"]:
             self.tensor(saved, "values", dtype, (capacity,))
             return
@@ -174,7 +175,7 @@ class StateCheck:
         return dtype
 
     def _check_generators(self, generators: Any) -> None:
-        num_consumers = len(self.dock.consumers)
+        num_consumers = len(self.table.consumers)
         if not isinstance(generators, list) or len(generators) != num_consumers:
             self.fail(f"generators is not a list of {num_consumers} sampler states")
         for k, saved in enumerate(generators):
@@ -193,7 +194,7 @@ class StateCheck:
             or not all(_count(v) for v in counts.values())
         ):
             self.fail(f"counts is not a mapping of {sorted(COUNT_KEYS)} to counts >= 0: {_short(counts)}")
-        num_consumers = len(self.dock.consumers)
+        num_consumers = len(self.table.consumers)
         for key, valid in (("rows_got", _count), ("bytes_got", _count), ("wait_s", _seconds)):
             values = state.get(key, [0] * num_consumers)
             if not isinstance(values, list) or len(values) != num_consumers or not all(map(valid, values)):

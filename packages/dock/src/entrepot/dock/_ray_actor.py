@@ -1,0 +1,135 @@
+"""DockActor: the Ray actor that holds one dock and serves wire-format puts and gets (extra `ray`).
+
+Anyone who can reach the Ray cluster can call the actor, so it runs only what a client needs: the
+methods in `CALLABLE_METHODS` (a private method or an unknown name is refused), and `save` / `load`
+only under the `files_root` it was launched with.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from entrepot.dock import _channel
+from entrepot.dock._dock import ExperienceDock
+from entrepot.dock._errors import InvalidArgumentError
+from entrepot.dock._leases import Lease
+from entrepot.dock._wire import WireLayout, as_uint8, decode, taken_layout, write_taken
+
+CALLABLE_METHODS = frozenset(
+    {
+        "put_prompts", "peek", "ack", "release", "all_consumed", "progress", "clear", "reset", "metrics",
+        "save", "load", "set_policy_version", "finished_rows",
+    }
+)  # fmt: skip
+"""The dock methods a client may run through `DockActor.call` (puts and gets have their own calls)."""
+
+
+class DockActor:
+    """Holds one ExperienceDock (or subclass) and serves wire-format puts and gets.
+
+    A plain class: `RayDockClient.launch` makes it a Ray actor with its concurrency groups
+    (Ray takes concurrency groups only at decoration time, not in `.options()`).
+    """
+
+    def __init__(
+        self, dock_cls: type[ExperienceDock], dock_kwargs: dict[str, Any], num_threads: int = 1,
+        files_root: str | None = None,
+    ) -> None:  # fmt: skip
+        torch.set_num_threads(num_threads)
+        self._dock = dock_cls(**dock_kwargs)
+        self._files_root = None if files_root is None else Path(files_root).resolve()
+        self._channels = _channel.ChannelTable()
+
+    @ray.method(concurrency_group="put")
+    def put_wire(
+        self,
+        layout: WireLayout,
+        buffer: Any,
+        indexes: torch.Tensor,
+        completed: Any,
+        ack: Lease | None = None,
+        channel: str | None = None,
+    ) -> bool:
+        """Store a put's rows from `buffer`, or (buffer None) from the client's `channel`.
+
+        Returns False, storing nothing, when the channel is not one this actor has mapped (it was
+        restarted, or dropped the channel past its limit): the client sends the rows through Ray.
+        """
+        source = self._channels.room(channel, layout.nbytes) if buffer is None else as_uint8(buffer)
+        if source is None:
+            return False
+        _, raw, _ = decode(layout, source)
+        data = {name: flat if lengths is None else (flat, lengths) for name, (flat, lengths) in raw.items()}
+        self._dock.put(data, indexes, completed=completed, ack=ack)
+        return True
+
+    @ray.method(concurrency_group="get")
+    def get_wire(
+        self,
+        consumer: str,
+        columns: list[str],
+        count: int,
+        kwargs: dict[str, Any],
+        channel: str | None = None,
+    ) -> Any:
+        """(layout, buffer, lease): the rows gathered into the client's `channel` when it has room
+        (buffer None), else into a buffer that Ray carries back."""
+        taken = self._dock._taker.take(consumer, columns, count, **kwargs)
+        if taken is None:
+            return None
+        try:
+            layout = taken_layout(taken)
+            room = self._channels.room(channel, layout.nbytes)
+            buffer = torch.empty(layout.nbytes, dtype=torch.uint8) if room is None else room
+            write_taken(taken, layout, buffer)
+        except BaseException:
+            self._dock._taker.untake(consumer, taken)
+            raise
+        finally:
+            self._dock._table.done_reading()
+        return layout, None if room is not None else buffer.numpy(), taken.lease
+
+    @ray.method(concurrency_group="put")
+    def node_id(self) -> str:
+        """The Ray node this actor runs on (a client on the same node may open a channel)."""
+        return str(ray.get_runtime_context().get_node_id())
+
+    @ray.method(concurrency_group="put")
+    def attach_channel(self, name: str, capacity: int) -> None:
+        """Map a client's shared-memory channel; only a file `_channel.create` made is accepted."""
+        self._channels.attach(name, capacity)
+
+    @ray.method(concurrency_group="put")
+    def detach_channel(self, name: str) -> None:
+        self._channels.detach(name)
+
+    @ray.method(concurrency_group="put")
+    def call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run one of `CALLABLE_METHODS` on the dock; anything else is an `InvalidArgumentError`."""
+        if method not in CALLABLE_METHODS:
+            raise InvalidArgumentError(
+                f"dock method {method!r} cannot be called through the Ray actor; allowed: "
+                + ", ".join(sorted(CALLABLE_METHODS))
+            )
+        if method in ("save", "load"):
+            args, kwargs = (self._confined(method, args[0] if args else kwargs.get("path")),), {}
+        return getattr(self._dock, method)(*args, **kwargs)
+
+    def _confined(self, method: str, path: Any) -> str:
+        """`path` resolved inside `files_root` (symlinks and '..' followed first), else an error."""
+        if self._files_root is None:
+            raise InvalidArgumentError(
+                f"dock {method} through Ray needs the actor launched with files_root= (the only "
+                "directory it may write or read)"
+            )
+        target = (self._files_root / str(path)).resolve()
+        if not target.is_relative_to(self._files_root):
+            raise InvalidArgumentError(
+                f"dock {method} path {str(path)!r} resolves to {str(target)!r}, outside the dock's "
+                f"files_root {str(self._files_root)!r}"
+            )
+        return str(target)

@@ -1,0 +1,144 @@
+"""ShardController: the statuses of every row of a sharded dock, in one Ray actor (extra `ray`).
+
+It holds a `Ledger` (see _ledger): one dock's bookkeeping over row lengths, so every guarantee is
+one dock's code. Clients ask it to fix a put's column dtypes, commit a put's cells ready, take a
+get's rows (their own node's first) and run the control calls; it never sees a row's data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+import torch
+
+from entrepot.dock._dock import ExperienceDock
+from entrepot.dock._errors import InvalidArgumentError, NotReadyError
+from entrepot.dock._inputs import as_index_tensor
+from entrepot.dock._leases import Lease
+from entrepot.dock._ledger import Kind, Ledger
+from entrepot.dock._taken import Taken
+
+COMMIT_WINDOW_S = 60.0
+"""How long a put that acks a lease keeps the lease from expiring while it writes to the shards."""
+
+_CALLS = frozenset(
+    {
+        "ack", "release", "all_consumed", "progress", "finished_rows", "set_policy_version", "clear",
+        "reset", "metrics", "check_ready", "claim_groups", "release_groups", "state", "load_state", "kinds",
+    }
+)  # fmt: skip
+
+
+class ShardController:
+    """The statuses of every row (a `Ledger`); a plain class made a Ray actor by `ShardedDockClient`."""
+
+    def __init__(
+        self, dock_cls: type[ExperienceDock], dock_kwargs: dict[str, Any], shard_of_group: torch.Tensor,
+        shard_nodes: list[str],
+    ) -> None:  # fmt: skip
+        torch.set_num_threads(1)
+        self._ledger = Ledger(dock_cls(**dock_kwargs), shard_of_group)
+        self._shard_nodes = shard_nodes
+        self._local_rows: dict[str | None, torch.Tensor | None] = {}
+
+    @ray.method(concurrency_group="ctl")
+    def prepare_put(self, kinds: dict[str, Kind], rows: torch.Tensor, ack: Lease | None) -> dict[str, Kind]:
+        """Check a put's lease, then its column kinds (one dock's order), and fix its column dtypes.
+
+        A put refused here changes nothing: the lease is checked before any dtype is fixed, and is
+        kept from expiring only once the put is accepted.
+        """
+        ledger = self._ledger
+        with ledger._table.cond:
+            if ack is not None:
+                ledger.check_lease(ack, rows)
+            fixed = ledger.kinds.fix(kinds)
+            if ack is not None:
+                ledger.pin(ack, COMMIT_WINDOW_S)
+        return fixed
+
+    @ray.method(concurrency_group="ctl")
+    def commit_put(
+        self, lengths: dict[str, torch.Tensor], rows: torch.Tensor, completed: torch.Tensor | None,
+        ack: Lease | None, claimed: bool,
+    ) -> None:  # fmt: skip
+        """Mark the cells of a put ready (the shards hold its data now)."""
+        try:
+            self._ledger.put(lengths, rows, completed=completed, ack=ack)
+        finally:
+            if claimed:
+                self._ledger.release_groups(rows)
+
+    @ray.method(concurrency_group="take")
+    def take(
+        self, consumer: str, columns: list[str], count: int, kwargs: dict[str, Any], node: str | None
+    ) -> tuple[torch.Tensor, torch.Tensor, Lease | None] | None:
+        """Select and mark rows for a get (rows on `node` first): (rows, ages, lease), or None when done."""
+        ledger = self._ledger
+        taken = ledger._taker.take_preferring(self._rows_on(node), consumer, columns, count, **kwargs)
+        if taken is None:
+            return None
+        ledger._table.done_reading()  # the ledger's "data" (lengths) were copied by the snapshot
+        return taken.rows, taken.ages, taken.lease
+
+    @ray.method(concurrency_group="ctl")
+    def untake(self, consumer: str, rows: torch.Tensor, ages: torch.Tensor, lease: Lease | None) -> None:
+        """Give back the rows of a get that failed after `take` (a shard was lost)."""
+        self._ledger._taker.untake(consumer, Taken(rows, {}, ages, lease))
+
+    @ray.method(concurrency_group="ctl")
+    def call(self, method: str, args: tuple[Any, ...]) -> Any:
+        """Run one of the controller's calls (`_CALLS`); anything else is an `InvalidArgumentError`."""
+        if method not in _CALLS:
+            raise InvalidArgumentError(f"sharded dock controller has no call {method!r}")
+        if method in ("clear", "set_policy_version"):
+            return self._dropping(method, *args)
+        if method == "check_ready":
+            return self._check_ready(*args)
+        if method == "state":
+            return self._ledger.state_dict(), self._ledger.kinds.known()
+        if method == "load_state":
+            return self._load_state(*args)
+        if method == "kinds":
+            return self._ledger.kinds.known()
+        return getattr(self._ledger, method)(*args)
+
+    def _dropping(self, method: str, *args: Any) -> tuple[Any, torch.Tensor]:
+        """(result, rows that left the dock) of clear / set_policy_version, for the shards to forget."""
+        t = self._ledger._table
+        with t.cond:
+            before = t.live.clone()
+            result = getattr(self._ledger, method)(*args)
+            return result, (before & ~t.live).nonzero().squeeze(1)
+
+    def _check_ready(self, columns: list[str], indexes: Any) -> torch.Tensor:
+        """The ages of rows `indexes` once every cell is ready, else `NotReadyError` naming one (a peek).
+
+        The columns are checked before the indexes, as in one dock."""
+        t = self._ledger._table
+        col_ids = t.check_columns(columns)
+        rows = as_index_tensor(indexes, t.capacity)
+        with t.cond:
+            for name, c in zip(columns, col_ids, strict=True):
+                missing = (~t.ready[c, rows]).nonzero()
+                if missing.numel():
+                    raise NotReadyError(name, int(rows[missing[0, 0]]))
+            return t.age[rows].clone()
+
+    def _load_state(self, state: dict[str, Any], kinds: dict[str, Kind]) -> None:
+        self._ledger.load_state_dict(state)
+        self._ledger.kinds.reset()
+        self._ledger.kinds.fix(kinds)
+
+    def _rows_on(self, node: str | None) -> torch.Tensor | None:
+        """bool [capacity] rows whose shard runs on `node` (None: no shard there, or all are there)."""
+        if node not in self._local_rows:
+            shards = [s for s, where in enumerate(self._shard_nodes) if where == node]
+            if not shards or len(shards) == len(self._shard_nodes):
+                self._local_rows[node] = None
+            else:
+                ledger = self._ledger
+                local = torch.isin(ledger.shard_of_group, torch.tensor(shards))
+                self._local_rows[node] = local.repeat_interleave(ledger.n_samples_per_prompt)
+        return self._local_rows[node]
