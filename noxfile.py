@@ -1,10 +1,23 @@
-"""Nox sessions for the Entrepot monorepo: one test and one benchmark session per package.
+"""Nox sessions for the Entrepot monorepo: two test tiers, and one benchmark session per package.
 
-A plain `nox` runs the default set: lint, typecheck, metadata, every tests-<name> and tests-vllm
-(the vLLM tests of resharding and grpo, in a venv with vLLM's CPU build).
-Each tests-<name> session builds a fresh venv holding only torch, the package's sibling
-dependencies (installed from their local folders) and the package with its `test` extra, so
-an import the package did not declare fails there.
+Tests come in two tiers, told apart by the `integration` marker (root pyproject.toml):
+- the unit tier: no training run, no Ray, no subprocess, no multi-process torch.distributed world.
+  `nox -s unit` runs every package's unit tier in one venv holding all five packages (from their
+  local folders) with their test extras, in under 3 minutes on a 2-core machine: the inner loop.
+- the integration tier (`pytestmark = pytest.mark.integration` per module, or per test): training
+  runs, Ray, subprocesses, gloo worlds. `nox -s integration-<name>` runs one package's.
+
+Each integration-<name> session builds a fresh venv holding only torch, the package's sibling
+dependencies (installed from their local folders) and the package with its `test` extra, so an
+import the package did not declare fails there. To keep that guarantee for code that only unit
+tests reach, it runs the package's unit tier there too: every test of the package except the vLLM
+ones (`-m "not vllm"`). That costs seconds per package next to its integration tier; pass
+`-- -m integration` to run the integration tier alone (the last `-m` wins).
+
+A plain `nox` (what CI runs) takes the default set: lint, typecheck, metadata, unit, every
+integration-<name> and tests-vllm (the vLLM tests of resharding and grpo, in a venv with vLLM's
+CPU build). Every test session writes a JUnit report to .nox-reports/<session>.xml; the unit tests
+run twice there (unit and integration-<name>), and .ci/summarize.py counts each test once.
 """
 
 from __future__ import annotations
@@ -45,9 +58,14 @@ nox.options.sessions = [
     "lint",
     "typecheck",
     "metadata",
-    *(f"tests-{name}" for name in PACKAGES),
+    "unit",
+    *(f"integration-{name}" for name in PACKAGES),
     "tests-vllm",
 ]
+
+# pytest's -m for each tier (vLLM tests run only in tests-vllm, which installs vLLM).
+UNIT_TIER = "not integration and not vllm"
+ISOLATED_TIERS = "not vllm"  # integration-<name>: the integration tier and the unit tier again
 
 
 def _uv_find_links() -> None:
@@ -72,19 +90,28 @@ def _install_package(
     session: nox.Session, name: str, extras: list[str] | None = None, also: list[str] | None = None
 ) -> None:
     """Install one package and its siblings from local folders (and `also`), torch pinned, in one resolve."""
-    spec = PACKAGES[name]
-    targets = [_package_dir(sibling) for sibling in spec["siblings"]]
-    extra = f"[{','.join(extras)}]" if extras else ""
-    targets.append(f"{_package_dir(name)}{extra}")
+    targets = [_package_dir(sibling) for sibling in PACKAGES[name]["siblings"]]
+    targets.append(_with_extras(name, extras))
     session.install(TORCH_SPEC, *targets, *(also or []))
+
+
+def _with_extras(name: str, extras: list[str] | None) -> str:
+    """The package's local folder as a pip requirement, with `extras` (`packages/dock[test]`)."""
+    return f"{_package_dir(name)}[{','.join(extras)}]" if extras else _package_dir(name)
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check and ruff format --check over the whole tree."""
-    session.install("ruff>=0.6")
+    """ruff check and ruff format --check over the whole tree; the import-layer contracts.
+
+    import-linter reads the source, it imports nothing: the packages' src folders on PYTHONPATH are
+    enough (no torch in this venv). The contracts are in the root pyproject.toml.
+    """
+    session.install("ruff>=0.6", "import-linter>=2.1")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    src = os.pathsep.join(str(ROOT / "packages" / name / "src") for name in PACKAGES)
+    session.run("lint-imports", env={"PYTHONPATH": src})
 
 
 @nox.session
@@ -112,13 +139,20 @@ def _run_pytest(session: nox.Session, report: str, *paths: str) -> None:
     )
 
 
-def _tests(name: str) -> None:
-    @nox.session(name=f"tests-{name}")
+@nox.session
+def unit(session: nox.Session) -> None:
+    """The inner loop: every package's unit tier (no training run, Ray or subprocess), one venv, < 3 min."""
+    session.install(TORCH_SPEC, *(_with_extras(name, spec["extras"]) for name, spec in PACKAGES.items()))
+    _run_pytest(session, "unit", *(f"packages/{name}/tests" for name in PACKAGES), "-m", UNIT_TIER)
+
+
+def _integration(name: str) -> None:
+    @nox.session(name=f"integration-{name}")
     def session_fn(session: nox.Session) -> None:
         _install_package(session, name, PACKAGES[name]["extras"])
-        _run_pytest(session, f"tests-{name}", f"packages/{name}/tests")
+        _run_pytest(session, f"integration-{name}", f"packages/{name}/tests", "-m", ISOLATED_TIERS)
 
-    session_fn.__doc__ = f"Fresh venv with entrepot-{name} and its declared deps only; runs its tests."
+    session_fn.__doc__ = f"Fresh venv with entrepot-{name} and its declared deps only: both its test tiers."
 
 
 def _bench(name: str) -> None:
@@ -138,7 +172,7 @@ def _bench(name: str) -> None:
 
 
 for _name in PACKAGES:
-    _tests(_name)
+    _integration(_name)
     _bench(_name)
 
 

@@ -9,6 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.integration  # two processes in a gloo world
+
 WORKER = Path(__file__).parent / "support" / "distributed_worker.py"
 
 

@@ -18,7 +18,7 @@ from entrepot.batching import (
     InvalidArgumentError,
     LengthMismatchError,
     PackedBatch,
-    flash_attention_available,
+    _attention,
     packed_causal_attention,
 )
 
@@ -201,13 +201,16 @@ def test_attention_matches_dense_block_diagonal_reference() -> None:
     torch.testing.assert_close(scaled, ref)
 
 
-def test_flash_backend_refuses_cpu_or_missing_install() -> None:
+def test_flash_backend_refuses_cpu_or_missing_install(monkeypatch: pytest.MonkeyPatch) -> None:
     q = torch.randn(4, 2, 8)
     cu = torch.tensor([0, 4], dtype=torch.int32)
     with pytest.raises(BackendUnavailableError, match="flash"):
         packed_causal_attention(q, q, q, cu, 4, backend="flash")
-    # auto on CPU float32 always takes the portable path, installed or not.
-    assert flash_attention_available() in (True, False)
+    # As if flash-attn were installed: CPU tensors are still refused by name, and auto on CPU float32
+    # still takes the portable path (it would fail importing flash_attn here otherwise).
+    monkeypatch.setattr(_attention, "flash_attention_available", lambda: True)
+    with pytest.raises(BackendUnavailableError, match="needs CUDA fp16/bf16 tensors, got cpu"):
+        packed_causal_attention(q, q, q, cu, 4, backend="flash")
     torch.testing.assert_close(
         packed_causal_attention(q, q, q, cu, 4), packed_causal_attention(q, q, q, cu, 4, backend="sdpa")
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -52,7 +53,12 @@ def ray_session(_ray_of_the_session):  # type: ignore[no-untyped-def]
 
 
 def _all_cpus_free(ray, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
-    """Whether every CPU of the running Ray is free, waiting up to `timeout` s (actors die asynchronously)."""
+    """Whether every CPU of the running Ray is free, waiting up to `timeout` s (actors die asynchronously).
+
+    Collects garbage first: an actor lives as long as its handle, and a handle in a reference cycle
+    lives until the next collection.
+    """
+    gc.collect()
     deadline = time.monotonic() + timeout
     while ray.available_resources().get("CPU", 0.0) < ray.cluster_resources().get("CPU", 0.0):
         if time.monotonic() > deadline:

@@ -38,22 +38,26 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@pytest.mark.integration  # ranks forked from the forkserver, a gloo world
 def test_gpt_model_shards_in_training_layout_on_dp2_tp2_pp2() -> None:
     """Real GPTModel on 2 gloo ranks; the checks (see ``check_layouts``) run in the workers."""
     _run_ranks(megatron_workers.check_layouts)
 
 
+@pytest.mark.integration  # ranks forked from the forkserver, a gloo world
 @pytest.mark.parametrize("architecture", ["GPT2LMHeadModel", "Qwen3ForCausalLM"])
 def test_gpt_model_chunks_give_hf_logits_at_tp2(architecture: str) -> None:
     """GPT-2 (tied, learned positions, LayerNorm, biases) and Qwen3 (q/k RMSNorm) at TP=2."""
     _run_ranks(megatron_workers.check_tp2_logits, architecture)
 
 
+@pytest.mark.integration  # ranks forked from the forkserver, a gloo world
 def test_tied_embeddings_at_pp2_are_listed_once() -> None:
     """GPT-2 at PP=2: ``train_meta()`` equals the adaptor's shard meta (no ``output_layer.weight``)."""
     _run_ranks(megatron_workers.check_tied_pipeline)
 
 
+@pytest.mark.integration  # ranks forked from the forkserver, a gloo world
 def test_cpu_mode_clips_gradients_like_megatron() -> None:
     """megatron's clipping asserts CUDA gradients; in the CPU mode the same scaling runs on CPU."""
     _run_ranks(megatron_workers.check_gradient_clipping)

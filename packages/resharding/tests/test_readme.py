@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration  # each block runs in a fresh interpreter (subprocess)
+
 README = (Path(__file__).parents[1] / "README.md").read_text()
 # A python block; with `<!-- snippet: needs MODULE -->` just before it, skipped where MODULE is missing.
 BLOCK = re.compile(r"(?:<!-- snippet: needs ([\w.]+) -->\n)?```python\n(.*?)^```", re.M | re.S)

@@ -183,6 +183,7 @@ SCENARIOS = {
 }
 
 
+@pytest.mark.integration  # ranks forked from the forkserver, a gloo world
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_gloo_reshard_matches_the_shard_cut_from_the_full_model(scenario: str, tmp_path: Path) -> None:
     architecture, train, infer, bucket_bytes, corrupt_check = SCENARIOS[scenario]
@@ -211,6 +212,7 @@ def _swap_pairs(seed: int, num_elements: int) -> list[tuple[int, int]]:
     return pairs
 
 
+@pytest.mark.integration  # ranks forked from the forkserver, a gloo world
 def test_swapped_elements_inside_a_received_slice_are_caught(tmp_path: Path) -> None:
     """On 2 gloo ranks, rank 1 swaps elements of the embedding it received (524,288 elements):
     (a) two elements one old period apart, (b) three random pairs at random multiples of it.
