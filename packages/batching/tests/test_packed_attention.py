@@ -11,9 +11,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from entrepot.batching import LengthMismatchError, packed_causal_attention
+from entrepot.batching import BackendUnavailableError, LengthMismatchError, packed_causal_attention
 from entrepot.batching import _attention as attention
-from entrepot.batching._attention import _block_size, _prefer_padded_rows, _sdpa_per_sequence
+from entrepot.batching._attention import (
+    _block_size,
+    _prefer_padded_rows,
+    _sdpa_per_sequence,
+    packed_attention_kernel,
+)
 
 HEAD_DIM = 16
 LAYOUTS = ["rows", "windowed"]
@@ -151,3 +156,38 @@ def test_empty_batch_and_bad_cu_seqlens() -> None:
     q, k, v = _qkv(5)
     with pytest.raises(LengthMismatchError, match="non-decreasing"):
         packed_causal_attention(q, k, v, torch.tensor([0, 4, 2, 5]), 4)
+
+
+def test_kernel_report_names_the_sdpa_layout_on_cpu() -> None:
+    rows, windowed = [20] * 50, [*_long_tail(49, seed=1), 2048]
+    q, _, _ = _qkv(8)
+    assert packed_attention_kernel(q, _cu(rows)) == "sdpa padded rows"
+    assert packed_attention_kernel(q, _cu(windowed)) == "sdpa windowed"
+    assert packed_attention_kernel(q, _cu([0, 0])) == "sdpa padded rows"
+
+
+def test_varlen_backend_refuses_cpu_tensors() -> None:
+    lengths = [3, 5]
+    q, k, v = (t.bfloat16() for t in _qkv(sum(lengths)))
+    with pytest.raises(BackendUnavailableError, match="backend='varlen' needs CUDA"):
+        packed_causal_attention(q, k, v, _cu(lengths), 5, backend="varlen")
+    with pytest.raises(BackendUnavailableError, match="varlen"):
+        packed_attention_kernel(q, _cu(lengths), backend="varlen")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_torch_varlen_kernel_matches_the_per_sequence_loop_on_cuda(kv_heads: int) -> None:
+    lengths = [40, 1, 290, 0, 7]
+    q, k, v = (t.cuda().bfloat16().requires_grad_() for t in _qkv(sum(lengths), kv_heads=kv_heads))
+    cu = _cu(lengths).cuda()
+    assert packed_attention_kernel(q, cu) in ("torch flash varlen", "flash-attn varlen")
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(5)).cuda().bfloat16()
+    packed_causal_attention(q, k, v, cu, max(lengths), backend="varlen").backward(grad_out)
+    got = [t.grad for t in (q, k, v)]
+    ref_inputs = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    _sdpa_per_sequence(*ref_inputs, cu, None).backward(grad_out.float())
+    for grad, ref in zip(got, ref_inputs, strict=True):
+        assert grad is not None and ref.grad is not None
+        torch.testing.assert_close(grad.float(), ref.grad, atol=3e-2, rtol=3e-2)

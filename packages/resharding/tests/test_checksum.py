@@ -92,3 +92,36 @@ def test_cuda_and_cpu_give_the_same_checksum() -> None:
     on_gpu = checksum(tensor.cuda())
     assert on_gpu.device.type == "cuda"
     assert int(on_gpu) == int(checksum(tensor))
+
+
+def test_the_value_follows_the_documented_formula() -> None:
+    """sum_j = sum_i b_i T_j[i mod L] U_j[i div L] mod 2^32, j = 1, 2; value (sum_1 << 32) | sum_2."""
+    words = torch.randint(-(2**15), 2**15, (3 * BLOCK_WORDS + 7,), generator=torch.Generator().manual_seed(6))
+    words = words.to(torch.int16)
+    index = torch.arange(words.numel())
+    position, block = index % BLOCK_WORDS, index // BLOCK_WORDS
+    sums = []
+    for j in range(2):  # T_j = splitmix(4p + j), U_j = splitmix(4b + 2 + j) | 1; int64 wraps mod 2^64
+        splitmix = _checksum._splitmix32
+        weights = splitmix(position * 4 + j).long() * (splitmix(block * 4 + 2 + j) | 1)
+        sums.append(int((words.long() * weights).sum()) & 0xFFFFFFFF)
+    expected = (sums[0] << 32) | sums[1]
+    assert int(checksum(words)) & 0xFFFFFFFFFFFFFFFF == expected
+
+
+def test_a_batch_of_checksums_equals_one_checksum_each() -> None:
+    """`checksums` (one pass over many slices, as a resharding round verifies) is `checksum` per slice:
+    mixed dtypes, strided and empty slices, sizes on and off block boundaries, byte words."""
+    from entrepot.resharding._checksum import checksums
+
+    generator = torch.Generator().manual_seed(0)
+    tensors = [
+        torch.randn(5000, generator=generator).to(torch.bfloat16),
+        torch.randn(37, 129, generator=generator)[:, 3:70],  # narrowed on dim 1: strided
+        torch.zeros(0),
+        torch.randint(0, 255, (3000,), dtype=torch.uint8, generator=generator),
+        torch.randn(BLOCK_WORDS * 3, generator=generator),
+        torch.randn(3, generator=generator).to(torch.float16),
+    ]
+    assert checksums(tensors).tolist() == [int(checksum(t)) for t in tensors]
+    assert checksums([]).numel() == 0

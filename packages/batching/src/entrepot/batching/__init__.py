@@ -3,7 +3,11 @@
 See the package README for an example per capability.
 """
 
-from entrepot.batching._attention import flash_attention_available, packed_causal_attention
+from entrepot.batching._attention import (
+    flash_attention_available,
+    packed_attention_kernel,
+    packed_causal_attention,
+)
 from entrepot.batching._balance import RankPlan, balance_across_ranks, imbalance
 from entrepot.batching._columns import pack_columns, pad_columns, unpack_columns, unpad_columns
 from entrepot.batching._errors import (
@@ -41,6 +45,7 @@ __all__ = [
     "loss_scale_factors",
     "pack",
     "pack_columns",
+    "packed_attention_kernel",
     "packed_causal_attention",
     "pad",
     "pad_columns",

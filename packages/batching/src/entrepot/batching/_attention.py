@@ -3,9 +3,13 @@
 Legend: T packed tokens, H query heads, H_kv key/value heads (H % H_kv == 0, grouped-query
 attention), D head dim, B non-empty sequences delimited by ``cu_seqlens`` [B + 1], L the longest.
 
-Two backends:
+Three backends:
 
 - ``flash``: flash-attention's varlen kernel (CUDA, fp16/bf16, when ``flash-attn`` is installed).
+- ``varlen``: PyTorch's own FlashAttention-2 varlen kernel (``aten._flash_attention_forward`` and
+  its backward, the kernels behind ``torch.nn.attention.varlen``), which every CUDA build of torch
+  carries: no extra package, grouped-query attention native, no padding and no mask. CUDA fp16/bf16
+  on compute capability >= 8.0 with a head dim that is a multiple of 8 up to 256.
 - ``sdpa``: portable; ONE ``scaled_dot_product_attention`` call for the whole packed batch, with
   autograd, on any device and dtype. A loop of one call per sequence (O(B) Python steps and kernel
   launches) made packed training slower than padded training on CPU, so the batch is laid out for
@@ -39,9 +43,9 @@ from torch import Tensor
 
 from entrepot.batching._errors import BackendUnavailableError, InvalidArgumentError, LengthMismatchError
 
-__all__ = ["flash_attention_available", "packed_causal_attention"]
+__all__ = ["flash_attention_available", "packed_attention_kernel", "packed_causal_attention"]
 
-Backend = Literal["auto", "sdpa", "flash"]
+Backend = Literal["auto", "sdpa", "flash", "varlen"]
 _FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
 # Block size of the windowed layout: cost ~ T * (bs + L) * (1 + c / bs) (per-block overhead c),
@@ -86,9 +90,18 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> None:
         raise LengthMismatchError(f"cu_seqlens must be non-decreasing, got {cu_seqlens.tolist()}")
 
 
-def _use_flash(q: Tensor, backend: Backend) -> bool:
-    if backend == "sdpa":
+def _torch_varlen_fits(q: Tensor) -> bool:
+    """Whether PyTorch's own flash varlen kernel takes `q` (CUDA fp16/bf16, sm80+, head dim % 8, <= 256)."""
+    if not (q.is_cuda and q.dtype in _FLASH_DTYPES and torch.backends.cuda.is_flash_attention_available()):
         return False
+    head_dim = q.shape[-1]
+    return torch.cuda.get_device_capability(q.device) >= (8, 0) and head_dim % 8 == 0 and head_dim <= 256
+
+
+def _resolve(q: Tensor, backend: Backend) -> Literal["flash", "varlen", "sdpa"]:
+    """The backend that runs: ``auto`` takes flash-attn, else PyTorch's varlen kernel, else SDPA."""
+    if backend == "sdpa":
+        return "sdpa"
     fits = q.is_cuda and q.dtype in _FLASH_DTYPES
     if backend == "flash":
         if not flash_attention_available():
@@ -99,10 +112,40 @@ def _use_flash(q: Tensor, backend: Backend) -> bool:
             raise BackendUnavailableError(
                 f"backend='flash' needs CUDA fp16/bf16 tensors, got {q.device} {q.dtype}; use backend='sdpa'"
             )
-        return True
+        return "flash"
+    if backend == "varlen":
+        if not _torch_varlen_fits(q):
+            raise BackendUnavailableError(
+                f"backend='varlen' needs CUDA fp16/bf16 tensors on compute capability >= 8.0 with a head dim "
+                f"that is a multiple of 8 up to 256, got {q.device} {q.dtype} head dim {q.shape[-1]}; "
+                "use backend='sdpa'"
+            )
+        return "varlen"
     if backend != "auto":
-        raise InvalidArgumentError(f"backend must be 'auto', 'sdpa' or 'flash', got {backend!r}")
-    return fits and flash_attention_available()
+        raise InvalidArgumentError(f"backend must be 'auto', 'sdpa', 'flash' or 'varlen', got {backend!r}")
+    if fits and flash_attention_available():
+        return "flash"
+    return "varlen" if _torch_varlen_fits(q) else "sdpa"
+
+
+def packed_attention_kernel(q: Tensor, cu_seqlens: Tensor, *, backend: Backend = "auto") -> str:
+    """The kernel `packed_causal_attention` runs for these inputs, in words (benchmarks report it).
+
+    One of ``"flash-attn varlen"``, ``"torch flash varlen"``, ``"sdpa padded rows"`` or
+    ``"sdpa windowed"`` (the last two name the layout of the single SDPA call; SDPA itself then
+    picks its flash, memory-efficient or math kernel: flash for padded rows on CUDA, which need no
+    mask, memory-efficient for the masked windows).
+    """
+    chosen = _resolve(q, backend)
+    if chosen != "sdpa":
+        return {"flash": "flash-attn varlen", "varlen": "torch flash varlen"}[chosen]
+    cu = cu_seqlens.to(torch.int64)
+    lengths = cu[1:] - cu[:-1]
+    lengths = lengths[lengths > 0]
+    if not lengths.numel():
+        return "sdpa padded rows"
+    rows = _prefer_padded_rows(lengths.numel(), int(lengths.max()), int(cu[-1]))
+    return "sdpa padded rows" if rows else "sdpa windowed"
 
 
 def packed_causal_attention(
@@ -130,10 +173,11 @@ def packed_causal_attention(
             portable path reads the longest length from ``cu_seqlens`` itself.
         softmax_scale: defaults to 1 / sqrt(D).
         backend: ``"auto"`` takes flash-attention when installed and the tensors are CUDA
-            fp16/bf16, else ``"sdpa"``; ``"flash"`` insists (raises ``BackendUnavailableError``);
-            ``"sdpa"`` is the portable path: one ``scaled_dot_product_attention`` call for the
-            whole batch (padded rows or windowed blocks, see the module docstring), no Python loop
-            over sequences and no [T, T] mask.
+            fp16/bf16, else PyTorch's own varlen kernel where it fits (``"varlen"``: CUDA
+            fp16/bf16, sm80+), else ``"sdpa"``; ``"flash"`` and ``"varlen"`` insist (raise
+            ``BackendUnavailableError``); ``"sdpa"`` is the portable path: one
+            ``scaled_dot_product_attention`` call for the whole batch (padded rows or windowed
+            blocks, see the module docstring), no Python loop over sequences and no [T, T] mask.
 
     Returns:
         [T, H, D] attention output.
@@ -141,18 +185,62 @@ def packed_causal_attention(
     Raises:
         InvalidArgumentError: wrong ranks, head counts, ``cu_seqlens`` type or ``backend``.
         LengthMismatchError: shapes that disagree, or ``cu_seqlens`` not covering 0..T in order.
-        BackendUnavailableError: ``backend="flash"`` without flash-attn or CUDA fp16/bf16 inputs.
+        BackendUnavailableError: ``backend="flash"`` without flash-attn or CUDA fp16/bf16 inputs, or
+            ``backend="varlen"`` on inputs PyTorch's varlen kernel does not take.
     """
     _check_inputs(q, k, v, cu_seqlens)
-    if _use_flash(q, backend):
-        from flash_attn import flash_attn_varlen_func
-
-        cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
-        out: Tensor = flash_attn_varlen_func(
-            q, k, v, cu, cu, max_seqlen, max_seqlen, softmax_scale=softmax_scale, causal=True
-        )
+    chosen = _resolve(q, backend)
+    if chosen == "sdpa":
+        return _sdpa_packed(q, k, v, cu_seqlens, softmax_scale)
+    cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
+    if chosen == "varlen":
+        out: Tensor = _TorchFlashVarlen.apply(q, k, v, cu, max_seqlen, softmax_scale)
         return out
-    return _sdpa_packed(q, k, v, cu_seqlens, softmax_scale)
+    from flash_attn import flash_attn_varlen_func
+
+    out = flash_attn_varlen_func(
+        q, k, v, cu, cu, max_seqlen, max_seqlen, softmax_scale=softmax_scale, causal=True
+    )
+    return out
+
+
+class _TorchFlashVarlen(torch.autograd.Function):
+    """Causal varlen attention through PyTorch's FlashAttention-2 kernels (forward and backward).
+
+    The aten ops behind ``torch.nn.attention.varlen.varlen_attn``, called directly: their
+    positional signature has been stable since torch 2.4, whereas the public wrapper's keywords
+    changed between releases (``is_causal`` became ``window_size``; GQA became opt-in).
+    """
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        cu: Tensor,
+        max_seqlen: int,
+        softmax_scale: float | None,
+    ) -> Tensor:
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        out, lse, rng_state, unused, _ = torch.ops.aten._flash_attention_forward(
+            q, k, v, cu, cu, max_seqlen, max_seqlen, 0.0, True, False, scale=softmax_scale
+        )  # out [T, H, D], lse [H, T]
+        ctx.save_for_backward(q, k, v, out, lse, cu, rng_state, unused)
+        ctx.max_seqlen, ctx.scale = max_seqlen, softmax_scale  # type: ignore[attr-defined]
+        return out
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, None, None, None]:
+        q, k, v, out, lse, cu, rng_state, unused = ctx.saved_tensors  # type: ignore[attr-defined]
+        longest: int = ctx.max_seqlen  # type: ignore[attr-defined]
+        dq, dk, dv = torch.ops.aten._flash_attention_backward(
+            grad_out.contiguous(), q, k, v, out, lse, cu, cu, longest, longest, 0.0, True, rng_state, unused,
+            scale=ctx.scale,  # type: ignore[attr-defined]
+        )  # fmt: skip
+        return dq, dk, dv, None, None, None
 
 
 def _sdpa_packed(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, softmax_scale: float | None) -> Tensor:

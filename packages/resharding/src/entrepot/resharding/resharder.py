@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from entrepot.resharding._checksum import checksum
+from entrepot.resharding._checksum import checksums
 from entrepot.resharding._conversion_check import ConversionCheck
 from entrepot.resharding._plan import ReshardPlan, Round, Segment, build_plan
 from entrepot.resharding.adaptors.base import WeightAdaptor
@@ -263,12 +263,16 @@ class Resharder:
                 stats.bytes_local += seg.nbytes
         for dtype in rnd.dtypes():
             self._exchange_dtype(rnd, dtype, rank, local, targets, carve, stats)
-        if self.verify:
-            for seg in rnd.segments:
-                if seg.src == rank:
-                    checks[seg.index, 0] = checksum(_region(local[seg.name], seg, seg.src_start))
-                if seg.dst == rank:
-                    checks[seg.index, 1] = checksum(_region(targets[seg.name], seg, seg.dst_start))
+        if self.verify:  # every slice of the round at both ends, in one batched checksum per end
+            sent = [seg for seg in rnd.segments if seg.src == rank]
+            landed = [seg for seg in rnd.segments if seg.dst == rank]
+            for end, segs, slices in (
+                (0, sent, [_region(local[seg.name], seg, seg.src_start) for seg in sent]),
+                (1, landed, [_region(targets[seg.name], seg, seg.dst_start) for seg in landed]),
+            ):
+                if segs:
+                    rows = torch.tensor([seg.index for seg in segs], device=checks.device)
+                    checks[rows, end] = checksums(slices).to(checks.device)
 
         for group in rnd.staged_groups:
             names = [n for n in group if n in targets]
