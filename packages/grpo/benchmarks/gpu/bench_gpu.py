@@ -15,7 +15,8 @@ Sections (each isolated: one that fails is recorded in the JSON and the others s
 
 It also reports which packed-attention kernel ran and checks it against the portable SDPA path.
 Without CUDA (or with --tiny) everything runs at tiny shapes on the CPU (about 20 s on 2 cores); CI does
-that (packages/grpo/tests/test_bench_gpu.py), so the script cannot rot between GPU sessions.
+that (packages/grpo/tests/test_bench_gpu.py; section (d), which runs the `rl` command, in
+packages/cli/tests/test_bench_gpu_first_step.py), so the script cannot rot between GPU sessions.
 
 The device command, as run on one H100 (2026-11-27), from the repository root, no network; megatron-core
 0.16.1 carried as a cp312 wheel in .whl/ (the run tool's carry), our packages from their src folders:
