@@ -9,15 +9,14 @@ Tests come in two tiers, told apart by the `integration` marker (root pyproject.
 
 Each integration-<name> session builds a fresh venv holding only torch, the package's sibling
 dependencies (installed from their local folders) and the package with its `test` extra, so an
-import the package did not declare fails there. To keep that guarantee for code that only unit
-tests reach, it runs the package's unit tier there too: every test of the package except the vLLM
-ones (`-m "not vllm"`). That costs seconds per package next to its integration tier; pass
-`-- -m integration` to run the integration tier alone (the last `-m` wins).
+import the package did not declare fails there: it first imports every module of the package
+(tests/import_package.py, seconds), which covers the code only unit tests reach, then runs the
+integration tier.
 
 A plain `nox` (what CI runs) takes the default set: lint, typecheck, metadata, unit, every
 integration-<name> and tests-vllm (the vLLM tests of resharding and grpo, in a venv with vLLM's
-CPU build). Every test session writes a JUnit report to .nox-reports/<session>.xml; the unit tests
-run twice there (unit and integration-<name>), and .ci/summarize.py counts each test once.
+CPU build). Every test session writes a JUnit report to .nox-reports/<session>.xml, which
+.ci/summarize.py sums (counting each test once).
 """
 
 from __future__ import annotations
@@ -65,7 +64,7 @@ nox.options.sessions = [
 
 # pytest's -m for each tier (vLLM tests run only in tests-vllm, which installs vLLM).
 UNIT_TIER = "not integration and not vllm"
-ISOLATED_TIERS = "not vllm"  # integration-<name>: the integration tier and the unit tier again
+INTEGRATION_TIER = "integration and not vllm"
 
 
 def _uv_find_links() -> None:
@@ -150,9 +149,13 @@ def _integration(name: str) -> None:
     @nox.session(name=f"integration-{name}")
     def session_fn(session: nox.Session) -> None:
         _install_package(session, name, PACKAGES[name]["extras"])
-        _run_pytest(session, f"integration-{name}", f"packages/{name}/tests", "-m", ISOLATED_TIERS)
+        session.run("python", str(ROOT / "tests" / "import_package.py"), name, env=TORCH_ENV)
+        _run_pytest(session, f"integration-{name}", f"packages/{name}/tests", "-m", INTEGRATION_TIER)
 
-    session_fn.__doc__ = f"Fresh venv with entrepot-{name} and its declared deps only: both its test tiers."
+    session_fn.__doc__ = (
+        f"Fresh venv with entrepot-{name} and its declared deps only: every module imports, then its "
+        "integration tier."
+    )
 
 
 def _bench(name: str) -> None:
