@@ -1,4 +1,5 @@
-"""`rl grpo train --resume` goes by the run's newest checkpoint: finished, damaged, or behind metrics.jsonl.
+"""`rl grpo train --resume` goes by the run's newest checkpoint: finished, damaged, another run's, or
+behind metrics.jsonl.
 
 One two-step run (in this process, a checkpoint after each step) is copied and damaged per test.
 """
@@ -70,3 +71,24 @@ def test_resume_of_a_bit_flipped_checkpoint_fails_with_one_line(runner: CliRunne
     line = _one_line_error(result)
     assert "step_000002': model.safetensors does not match its sha256 in manifest.json (corrupt)" in line
     assert _steps(run) == [1, 2] and not (run / "checkpoints" / "step_000003").exists()
+
+
+def test_resume_of_another_runs_checkpoints_fails_with_one_line(runner: CliRunner, run: Path) -> None:
+    """The folder's run.json replaced by a new run's: its checkpoints are now another run's."""
+    from entrepot.grpo import load_config
+    from entrepot.grpo.run.identity import create_run, read_run
+
+    old = read_run(run)
+    (run / "run.json").unlink()
+    new = create_run(run, load_config(None, [*SMALL, "max_steps=2"]))
+    line = _one_line_error(runner.invoke(app, ["grpo", "train", "--resume", str(run), "max_steps=3"]))
+    assert f"step_000002' belongs to another run: its manifest.json says run {old.run_id}" in line
+    assert f"this run folder's run.json says run {new.run_id}" in line
+    assert _steps(run) == [1, 2] and not (run / "checkpoints" / "step_000003").exists()
+
+
+def test_resume_that_changes_a_fixed_key_fails_with_one_line(runner: CliRunner, run: Path) -> None:
+    result = runner.invoke(app, ["grpo", "train", "--resume", str(run), "max_steps=3", "algorithm.lr=0.01"])
+    line = _one_line_error(result)
+    assert "would change what its checkpoints were trained with: algorithm.lr (0.001 -> 0.01)" in line
+    assert _steps(run) == [1, 2]

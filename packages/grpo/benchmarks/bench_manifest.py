@@ -64,7 +64,7 @@ def _with_and_without(save: Callable[[], Path], repeats: int) -> tuple[float, fl
     """Median seconds of `save` with the manifest and with `write_manifest` skipped; the last directory."""
     real = ckpt.write_manifest
     with_manifest = _median_seconds(save, repeats)
-    ckpt.write_manifest = lambda directory: directory / "manifest.json"  # type: ignore[assignment]
+    ckpt.write_manifest = lambda directory, **_: directory / "manifest.json"  # type: ignore[assignment]
     try:
         without = _median_seconds(save, repeats)
     finally:
@@ -109,7 +109,7 @@ def main() -> None:
         meta = {"step": 0, "data_position": 0}
 
         def save_big() -> Path:
-            return ckpt.write_checkpoint(root / "big" / "step_000000", [big_state], meta)
+            return ckpt.write_checkpoint(root / "big" / "step_000000", [big_state], meta, owner=trainer.owner)
 
         _row(f"{args.megabytes} MiB model", *_with_and_without(save_big, args.repeats), args.repeats)
 

@@ -10,6 +10,14 @@ A two-step run (in this process, checkpoints after steps 1 and 2) is damaged in 
 - a save stopped half-way (step_000003.tmp/, and step_000003/ without manifest.json) is skipped and
   the resume continues from step_000002.
 On the code before manifests every one of these resumed or loaded without a word.
+
+Foreign checkpoints (another run's, of another seed: copied over step_000002, added as a newer
+step_000003, linked in as step_000003) and run folders with a symbolic link (metrics.jsonl pointing
+outside, the checkpoints folder) are refused by `train(..., resume=True)` before anything starts:
+CheckpointError naming the file and both runs, nothing trained, nothing written, the file outside
+untouched. The unit tier's test_run_resume.py has the whole matrix (15 ways), built without training;
+before run identities each of these trained from the foreign weights (or wrote through the link).
+A resume also stops the processes the run's killed Ray session left (a stand-in process here).
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ import json
 import random
 import re
 import shutil
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -47,6 +57,14 @@ def two_steps(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run
 
 
+@pytest.fixture(scope="module")
+def other_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Another run (another seed) of three steps: the source of foreign checkpoints."""
+    run = tmp_path_factory.mktemp("other") / "run"
+    train(load_config(None, [*SMALL, "max_steps=3", "seed=1"]), run)
+    return run
+
+
 @pytest.fixture
 def run(two_steps: Path, tmp_path: Path) -> Path:
     """A copy of the two-step run to damage."""
@@ -61,6 +79,10 @@ def _flip(path: Path, rng: random.Random) -> None:
 
 def _steps(run: Path) -> list[int]:
     return [int(r["step"]) for r in read_metrics(run / "metrics.jsonl")]
+
+
+def _run_id(run: Path) -> str:
+    return str(json.loads((run / "run.json").read_text())["run_id"])
 
 
 def test_a_checkpoint_lists_every_file_in_its_manifest(two_steps: Path) -> None:
@@ -168,3 +190,79 @@ def test_a_run_whose_checkpoints_all_lack_a_manifest_says_so(run: Path) -> None:
         CheckpointError, match=r"no complete checkpoint; \['step_000001', 'step_000002'\] lack"
     ):
         train(_config(3), run, resume=True)
+
+
+def _copy_over(source: Path, target: Path) -> None:
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(source, target)
+
+
+def _step(run: Path, step: int) -> Path:
+    return run / "checkpoints" / f"step_{step:06d}"
+
+
+FOREIGN: dict[str, Callable[[Path, Path], None]] = {
+    "copied over": lambda run, other: _copy_over(_step(other, 2), _step(run, 2)),
+    "added as newer": lambda run, other: _copy_over(_step(other, 3), _step(run, 3)),
+    "symlinked in": lambda run, other: _step(run, 3).symlink_to(_step(other, 3)),
+}
+
+
+@pytest.mark.parametrize("way", FOREIGN)
+def test_a_foreign_checkpoint_is_never_resumed(run: Path, other_run: Path, way: str) -> None:
+    FOREIGN[way](run, other_run)
+    before = sorted(p.name for p in run.iterdir())
+    lines: list[str] = []
+    with pytest.raises(CheckpointError) as caught:
+        train(_config(4), run, resume=True, on_startup=lines.append)
+    message = str(caught.value)
+    if way == "symlinked in":
+        assert f"holds a symbolic link: checkpoints/step_000003 -> {other_run}" in message
+    else:
+        step = "step_000002" if way == "copied over" else "step_000003"
+        assert f"checkpoint {str(run / 'checkpoints' / step)!r} belongs to another run" in message
+        assert _run_id(run) in message and _run_id(other_run) in message
+    assert lines == []  # refused before anything started
+    assert _steps(run) == [1, 2] and sorted(p.name for p in run.iterdir()) == before
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "checkpoints"])
+def test_a_link_in_the_run_folder_is_never_written_through(run: Path, tmp_path: Path, name: str) -> None:
+    outside = Path(shutil.copytree(run / "checkpoints", tmp_path / "elsewhere"))
+    shutil.copy(run / "metrics.jsonl", outside / "metrics.jsonl")
+    if name == "metrics.jsonl":
+        (run / name).unlink()
+        (run / name).symlink_to(outside / "metrics.jsonl")
+    else:
+        shutil.rmtree(run / name)
+        (run / name).symlink_to(outside, target_is_directory=True)
+    files = {p.name: p.stat().st_mtime_ns for p in outside.rglob("*")}
+    with pytest.raises(CheckpointError, match=rf"holds a symbolic link: {name} -> {outside}"):
+        train(_config(4), run, resume=True)
+    assert {p.name: p.stat().st_mtime_ns for p in outside.rglob("*")} == files  # nothing written there
+
+
+def test_a_resume_stops_what_the_killed_run_left_of_its_ray(run: Path, tmp_path: Path) -> None:
+    """A stand-in for a leftover Ray process (its output in the session's logs), and one of another
+    session: the resume stops the first only. The recorded driver is a process that has exited."""
+    session, elsewhere = tmp_path / "session_1", tmp_path / "session_2"
+    for folder in (session / "logs", elsewhere / "logs"):
+        folder.mkdir(parents=True)
+    driver = subprocess.Popen(["true"])
+    driver.wait()
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    record = {"session_dir": str(session), "driver_pid": driver.pid, "driver_started": 1, "boot_id": boot}
+    (run / "ray_session.json").write_text(json.dumps(record))
+    with (session / "logs/raylet.out").open("w") as ours, (elsewhere / "logs/raylet.out").open("w") as theirs:
+        leftover = subprocess.Popen(["sleep", "120"], stdout=ours)
+        other = subprocess.Popen(["sleep", "120"], stdout=theirs)
+    try:
+        lines: list[str] = []
+        train(_config(3), run, resume=True, on_startup=lines.append)
+        assert leftover.wait(5) != 0 and other.poll() is None
+        assert lines[0] == f"stopped 1 process(es) left by the run's killed Ray session: {leftover.pid} sleep"
+        assert not (run / "ray_session.json").exists()
+    finally:
+        for process in (leftover, other):
+            process.kill()
+            process.wait()

@@ -68,12 +68,15 @@ def run_training(request: TrainRequest) -> int:
     from entrepot.cli._report import print_summary, write_plot
     from entrepot.grpo import train
     from entrepot.grpo.errors import StageError
-    from entrepot.grpo.run.checkpoint import checkpoint_step
+    from entrepot.grpo.run.resume import resume_point
 
     metrics_path = run_dir / config.logging.metrics_file
     # What a resume continues from is the newest checkpoint, not metrics.jsonl (which may hold steps
-    # logged after it, before a crash); a new run has none.
-    done_before = checkpoint_step(run_dir)
+    # logged after it, before a crash), once it is shown to be the run's own; a new run has none.
+    # Its files are checked by size here (state.json by hash): train() hashes them all next.
+    done_before = 0
+    if request.resume is not None:
+        done_before = resume_point(run_dir, config, hash_only={"state.json"}).step
     if request.resume is not None and done_before >= config.max_steps:
         raise CLIUsageError(
             f"--resume {str(run_dir)!r}: the run's newest checkpoint is at step {done_before} of max_steps "

@@ -7,6 +7,9 @@ command that needs them.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
 from entrepot.cli._batching import batching_app
@@ -74,6 +77,21 @@ def doctor(config: ConfigOption = None, overrides: OverridesArgument = None) -> 
     with user_errors(UnknownArchitectureError):
         sections = build_report(load_checked_config(config, overrides or []))
     render(sections)
+
+
+@app.command("ray-clean")
+def ray_clean(
+    run_dir: Annotated[Path, typer.Argument(help="The run directory of a killed run.", show_default=False)],
+) -> None:
+    """Stop the Ray processes a killed run left behind: only that run's own Ray session.
+
+    A run that starts a local Ray records it in its folder; other Rays on the machine are left alone
+    (`ray stop --force` would stop them too). `rl grpo train --resume RUN` does this first by itself.
+    """
+    from entrepot.cli._ray_clean import clean_run
+
+    with user_errors():
+        clean_run(run_dir)
 
 
 def main() -> None:

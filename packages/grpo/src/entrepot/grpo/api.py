@@ -40,9 +40,12 @@ def train(
 
     Args:
         config: the run configuration (`load_config(...)` or `GRPOConfig()`).
-        run_dir: receives config.yaml, metrics.jsonl, checkpoints/; created only once
-            `check_machine` and `check_inputs` pass (a config that cannot start leaves nothing).
-        resume: continue from the newest checkpoint in `run_dir`.
+        run_dir: receives run.json (the run's identity), config.yaml, metrics.jsonl, checkpoints/;
+            created only once `check_machine` and `check_inputs` pass (a config that cannot start
+            leaves nothing). A new run refuses a folder that already holds one.
+        resume: continue the run in `run_dir` from its newest checkpoint, which must be the run's own
+            (`run.resume.resume_point`, checked before anything starts); the Ray processes a killed
+            earlier session of the run left behind are stopped first (`run.ray_session`).
         on_step: called with each step's metrics dict (e.g. for a live display).
         on_startup: called with a line for each start-up phase as it begins.
 
@@ -50,29 +53,35 @@ def train(
         TrainResult; on Ctrl-C a checkpoint is written and the result has ``interrupted=True``.
     """
     from entrepot.grpo.run.deployment import uses_ray
+    from entrepot.grpo.run.identity import check_new_run_folder
     from entrepot.grpo.run.preflight import check_inputs, check_machine
+    from entrepot.grpo.run.ray_session import stop_leftovers
     from entrepot.grpo.run.ray_start import start_ray_while_importing
+    from entrepot.grpo.run.resume import resume_point
 
+    say = on_startup or (lambda line: None)
     check_machine(config)
     check_inputs(config)
+    run = Path(run_dir)
+    if resume:
+        point = resume_point(run, config)
+    else:
+        check_new_run_folder(run)
+        point = None
     start = time.perf_counter()
-    if on_startup is not None:
-        on_startup(
-            "starting Ray and loading the trainer"
-            if uses_ray(config.resources, config.parallel, config.dock)
-            else "loading the trainer"
-        )
-    if uses_ray(
-        config.resources, config.parallel, config.dock
-    ):  # Ray's processes boot while the trainer's modules import
-        start_ray_while_importing(config, ["entrepot.grpo.trainer"])
+    run.mkdir(parents=True, exist_ok=True)
+    stopped = stop_leftovers(run)
+    if stopped:
+        say(f"stopped {len(stopped)} process(es) left by the run's killed Ray session: {', '.join(stopped)}")
+    ray = uses_ray(config.resources, config.parallel, config.dock)
+    say("starting Ray and loading the trainer" if ray else "loading the trainer")
+    if ray:  # Ray's processes boot while the trainer's modules import
+        start_ray_while_importing(config, run, ["entrepot.grpo.trainer"])
     from entrepot.grpo.run import checkpoint as ckpt
     from entrepot.grpo.trainer import Trainer
 
-    run = Path(run_dir)
-    run.mkdir(parents=True, exist_ok=True)
     dump_yaml(config, run / "config.yaml")
-    trainer = Trainer(config, run, resume=resume, on_startup=on_startup, started_at=start)
+    trainer = Trainer(config, run, resume=point, on_startup=on_startup, started_at=start)
     interrupted = False
     try:
         trainer.fit(on_step=on_step)

@@ -49,7 +49,8 @@ class UnknownRewardError(RewardError, KeyError):
 
 
 class CheckpointError(GRPOError, RuntimeError):
-    """A checkpoint directory is missing, incomplete, or does not match the configuration."""
+    """A checkpoint directory is missing, incomplete, does not match the configuration, or is not its
+    run's own (another run's checkpoint, a run folder holding a symbolic link)."""
 
 
 class LogpMismatchError(GRPOError, RuntimeError):

@@ -67,6 +67,12 @@ class GRPOStep:
         self.data_position = 0
         self._dock_totals: dict[str, float] = {}
 
+    def restored(self, data_position: int) -> None:
+        """Continue after the trainer loaded a checkpoint: its prompt position, and the dock's counters
+        as they stood then (cumulative over the run), so that the next step reports only its own."""
+        self.data_position = data_position
+        dock_step_metrics(self.dock.metrics(), self._dock_totals)
+
     def __call__(self, step: int) -> dict[str, Any]:
         """Step `step` + 1 (policy version `step` samples); returns its metrics."""
         n = self.rollout.n_samples_per_prompt

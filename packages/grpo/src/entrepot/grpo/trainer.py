@@ -24,7 +24,9 @@ from entrepot.grpo.engines.registry import choose_engines
 from entrepot.grpo.errors import CheckpointError
 from entrepot.grpo.run import checkpoint as ckpt
 from entrepot.grpo.run.deployment import uses_ray
+from entrepot.grpo.run.identity import create_run
 from entrepot.grpo.run.metrics import MetricsWriter
+from entrepot.grpo.run.resume import ResumePoint
 from entrepot.grpo.step import GRPOStep
 from entrepot.grpo.workers import (
     ActorWorker,
@@ -45,8 +47,11 @@ class Trainer:
 
     Args:
         config: the run configuration.
-        run_dir: where metrics.jsonl, config.yaml and checkpoints go (created if missing).
-        resume: continue from the newest checkpoint in `run_dir`.
+        run_dir: where run.json, metrics.jsonl and checkpoints go (created if missing). A new run
+            writes its identity (`run.identity.create_run`) there first, and refuses a folder that
+            holds a run already.
+        resume: continue the run of `run_dir` from this checkpoint (`run.resume.resume_point`:
+            checked to be the run's own); None: a new run.
         on_startup: called with a line for each start-up phase as it begins (a display shows them).
         started_at: `time.perf_counter()` when the caller's part of start-up began (starting Ray,
             importing this module); None: start-up begins here.
@@ -56,7 +61,7 @@ class Trainer:
     """
 
     def __init__(
-        self, config: GRPOConfig, run_dir: str | Path, *, resume: bool = False,
+        self, config: GRPOConfig, run_dir: str | Path, *, resume: ResumePoint | None = None,
         on_startup: Callable[[str], None] | None = None, started_at: float | None = None,
     ) -> None:  # fmt: skip
         here = time.perf_counter()
@@ -65,6 +70,7 @@ class Trainer:
         self.config = config
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.owner = resume.owner if resume is not None else create_run(self.run_dir, config)
         configure_threads(config.threads)
         where = "on Ray" if uses_ray(config.resources, config.parallel, config.dock) else "in this process"
         ranks = config.resources.num_actor_workers * config.parallel.train.model_parallel
@@ -89,9 +95,9 @@ class Trainer:
                   if self.cluster.reward_models else []),
             ])  # fmt: skip
             ready = time.perf_counter()
-            if resume:
+            if resume is not None:
                 say("restoring the newest checkpoint")
-                self._resume(say)
+                self._resume(resume, say)
         except BaseException:
             self.close()  # a worker that failed to start (or a bad checkpoint) leaves no workers behind
             raise
@@ -176,20 +182,16 @@ class Trainer:
             self.config.engine
         ).train.shards_weights:  # sharded weights: also an HF directory, whole
             writers.append(lambda tmp: self._wait([self.actors.call(ActorWorker.export_hf, str(tmp / "hf"))]))
-        ckpt.write_checkpoint(directory, states, meta, writers,
-                              shards=[_shard(rank) for rank in self.actors.ranks])  # fmt: skip
+        shards = [_shard(rank) for rank in self.actors.ranks]
+        ckpt.write_checkpoint(directory, states, meta, writers, shards, owner=self.owner)
         ckpt.prune(self.run_dir, self.config.checkpoint.keep_last)
         return directory
 
-    def _resume(self, say: Callable[[str], None]) -> None:
-        """Restore the newest complete checkpoint, every file verified against its manifest first."""
-        directory = ckpt.latest_checkpoint(self.run_dir)
-        if directory is None:
-            raise CheckpointError(ckpt.nothing_to_resume(self.run_dir))
-        newer = [p.name for p in ckpt.incomplete_checkpoints(self.run_dir) if p.name > directory.name]
-        if newer:
-            say(f"skipping {', '.join(newer)} (no manifest.json: a save that was stopped)")
-        manifest = ckpt.verify_checkpoint(directory)
+    def _resume(self, point: ResumePoint, say: Callable[[str], None]) -> None:
+        """Restore the checkpoint `point` (verified, and checked to be this run's, by `resume_point`)."""
+        directory, manifest = point.directory, point.manifest
+        if point.skipped:
+            say(f"skipping {', '.join(point.skipped)} (no manifest.json: a save that was stopped)")
         states = []
         meta: dict[str, Any] = {}
         for rank in self.actors.ranks:
@@ -201,8 +203,8 @@ class Trainer:
                 self.dock.load(str((directory / "dock.pt").resolve()))  # a Ray dock resolves from its run dir
             except DockStateError as error:
                 raise CheckpointError(f"checkpoint {str(directory)!r}: dock.pt: {error}") from error
-        self.step = int(meta["step"])
-        self.grpo_step.data_position = int(meta["data_position"])
+        self.step = point.step
+        self.grpo_step.restored(int(meta["data_position"]))  # after the dock: its counters as saved
         self.metrics.truncate(self.step)  # steps after the checkpoint run again
         (self.run_dir / "resumed_from.json").write_text(
             json.dumps({"checkpoint": str(directory), "step": self.step})

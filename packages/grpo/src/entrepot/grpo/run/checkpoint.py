@@ -10,11 +10,13 @@ A checkpoint directory ``checkpoints/step_000050/`` holds:
   with ``weights_only=True``);
 - ``state.json``: step, data position, scheduler state, optimizer param groups (per shard), the config;
 - ``hf/`` (megatron only): the whole model as an HF directory;
-- ``manifest.json``, written last: every other file's path, size and sha256.
+- ``manifest.json``, written last: every other file's path, size and sha256, the run that wrote it
+  (its id and config hash, `entrepot.grpo.run.identity`) and the step.
 
 A checkpoint is written into ``step_000050.tmp/``, manifest last, fsynced, then renamed; one without
 a manifest (a save that was stopped) is never resumed from, and every file is checked against the
-manifest before anything is loaded (`verify_checkpoint`).
+manifest before anything is loaded (`verify_checkpoint`). Which checkpoint a resume uses, and that
+it is the run's own, is `entrepot.grpo.run.resume`.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from entrepot.grpo.errors import CheckpointError
+from entrepot.grpo.run.identity import RunIdentity
 from entrepot.grpo.run.manifest import MANIFEST, Manifest, fsync_directory, verify_manifest, write_manifest
+from entrepot.grpo.run.resume import incomplete_checkpoints, latest_checkpoint, nothing_to_resume
 
 if TYPE_CHECKING:
     from entrepot.grpo.engines.policy import Policy
@@ -121,15 +125,19 @@ def write_checkpoint(
     meta: Mapping[str, Any],
     writers: Sequence[Callable[[Path], object]] = (),
     shards: list[int] | None = None,
+    *,
+    owner: RunIdentity,
 ) -> Path:
     """Write one checkpoint atomically: every file into a temp dir, then the manifest, then a rename.
 
     Args:
         rank_states: `capture_state()` of every rank.
+        meta: state.json's values; ``meta["step"]`` is the step, also recorded in the manifest.
         writers: each writes more files into the temp directory it is given (the dock's state, an
             HF export); they run before the manifest, so it covers their files too.
         shards: each rank's model-parallel shard index (TP x PP position); ranks of one shard are
             data-parallel replicas, so the first of them is written. Default: one shard.
+        owner: the run writing it (recorded in the manifest; a resume checks it).
     """
     from safetensors.torch import save_file
 
@@ -161,7 +169,7 @@ def write_checkpoint(
             "num_shards": num_shards,
         }
         (tmp / "state.json").write_text(json.dumps(state_json, indent=1))
-        write_manifest(tmp)  # last: a directory with a manifest is whole on disk
+        write_manifest(tmp, owner=owner, step=int(meta["step"]))  # last: with a manifest it is whole
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a save that failed (a lost dock shard) leaves nothing
         raise
@@ -217,40 +225,9 @@ def _listed(manifest: Manifest, name: str) -> str:
     return name
 
 
-def _complete(directory: Path) -> bool:
-    return directory.is_dir() and not directory.name.endswith(".tmp") and (directory / MANIFEST).is_file()
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest ``checkpoints/step_*`` directory of a run that has a manifest (a save that was
-    stopped half-way has none and is skipped), or None."""
-    root = run_dir / "checkpoints"
-    if not root.is_dir():
-        return None
-    steps = sorted(p for p in root.glob("step_*") if _complete(p))
-    return steps[-1] if steps else None
-
-
-def incomplete_checkpoints(run_dir: Path) -> list[Path]:
-    """A run's ``checkpoints/step_*`` directories without a manifest (``.tmp`` ones included): saves
-    that were stopped before the end, or checkpoints written before manifests."""
-    root = run_dir / "checkpoints"
-    return sorted(p for p in root.glob("step_*") if p.is_dir() and not _complete(p)) if root.is_dir() else []
-
-
-def nothing_to_resume(run_dir: Path) -> str:
-    """Why a run directory has no checkpoint to resume from (none at all, or none complete)."""
-    partial = [p.name for p in incomplete_checkpoints(run_dir)]
-    if not partial:
-        return f"nothing to resume: {str(run_dir)!r} has no checkpoints/step_* directory"
-    return (
-        f"nothing to resume: {str(run_dir)!r} has no complete checkpoint; {partial} lack {MANIFEST} "
-        "(saves that were stopped, or written by entrepot-grpo < 0.3, which wrote none)"
-    )
-
-
 def checkpoint_step(run_dir: Path) -> int:
-    """The step of a run's newest complete checkpoint (0 if it has none): what a resume continues from.
+    """The step of a run's newest complete checkpoint (0 if it has none); `resume.resume_point` also
+    checks that it is the run's own.
 
     Reads that checkpoint's state.json after checking its hash, and the sizes of its other files
     (not their hashes: the resume that follows hashes every file, and hashing them twice would double

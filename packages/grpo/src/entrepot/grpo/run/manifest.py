@@ -3,7 +3,9 @@
 `write_manifest` runs once every other file of a checkpoint is in its temp directory: it hashes and
 fsyncs each file, writes ``manifest.json`` (fsynced) and fsyncs the directories, so a checkpoint that
 has a manifest is whole on disk. `verify_manifest` checks every listed file (present, size, hash)
-before anything is loaded. sha256 is hashlib's fastest strong hash on CPUs with SHA instructions
+before anything is loaded. Since format 2 the manifest also names the run that wrote the checkpoint
+(`entrepot.grpo.run.identity.RunIdentity`) and its step, which a resume compares with its run
+folder (`entrepot.grpo.run.resume`). sha256 is hashlib's fastest strong hash on CPUs with SHA instructions
 (about 2x blake2b; benchmarks/bench_manifest.py measures both on the machine at hand).
 """
 
@@ -18,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from entrepot.grpo.errors import CheckpointError
+from entrepot.grpo.run.identity import RunIdentity
 
 MANIFEST = "manifest.json"
 ALGORITHM = "sha256"
-_FORMAT = 1
+_FORMAT = 2  # 1: files only (entrepot-grpo 0.3.0); 2: also the run's identity and the step
 
 
 @dataclass(frozen=True)
@@ -35,11 +38,16 @@ class ManifestEntry:
 
 @dataclass(frozen=True)
 class Manifest:
-    """A checkpoint's manifest (after `verify_manifest`: every entry matched the file on disk)."""
+    """A checkpoint's manifest (after `verify_manifest`: every entry matched the file on disk).
+
+    `owner` and `step` are None in a format-1 manifest, which recorded neither.
+    """
 
     directory: Path
     algorithm: str
     files: dict[str, ManifestEntry]
+    owner: RunIdentity | None = None
+    step: int | None = None
 
 
 def _hash_and_sync(path: Path, algorithm: str = ALGORITHM) -> str:
@@ -59,8 +67,13 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def write_manifest(directory: Path) -> Path:
-    """Hash and fsync every file under `directory`, write ``manifest.json`` last, fsync the directories."""
+def write_manifest(directory: Path, *, owner: RunIdentity, step: int) -> Path:
+    """Hash and fsync every file under `directory`, write ``manifest.json`` last, fsync the directories.
+
+    Args:
+        owner: the run writing the checkpoint; a resume accepts the checkpoint only in that run's folder.
+        step: the checkpoint's step; a resume accepts it only in the folder named for that step.
+    """
     files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
     entries = [
         {"path": p.relative_to(directory).as_posix(), "size": p.stat().st_size, "hash": _hash_and_sync(p)}
@@ -68,7 +81,9 @@ def write_manifest(directory: Path) -> Path:
     ]
     manifest = directory / MANIFEST
     with manifest.open("w") as out:
-        json.dump({"format": _FORMAT, "algorithm": ALGORITHM, "files": entries}, out, indent=1)
+        run = {"id": owner.run_id, "config_hash": owner.config_hash}
+        record = {"format": _FORMAT, "algorithm": ALGORITHM, "run": run, "step": step, "files": entries}
+        json.dump(record, out, indent=1)
         out.flush()
         os.fsync(out.fileno())
     for sub in sorted((p for p in directory.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
@@ -92,10 +107,11 @@ def read_manifest(directory: Path) -> Manifest:
         raise CheckpointError(f"{where}: {MANIFEST} is unreadable ({error})") from error
     entries = record.get("files") if isinstance(record, dict) else None
     algorithm = record.get("algorithm") if isinstance(record, dict) else None
-    known = isinstance(record, dict) and record.get("format") == _FORMAT
+    known = isinstance(record, dict) and record.get("format") in (1, _FORMAT)
     if not known or not isinstance(entries, list) or algorithm not in hashlib.algorithms_guaranteed:
         raise CheckpointError(
-            f"{where}: {MANIFEST} is not format {_FORMAT} with a 'files' list and a known hash 'algorithm'"
+            f"{where}: {MANIFEST} is not format 1 or {_FORMAT} with a 'files' list and a known hash "
+            "'algorithm'"
         )
     files: dict[str, ManifestEntry] = {}
     for entry in entries:
@@ -103,7 +119,15 @@ def read_manifest(directory: Path) -> Manifest:
         if checked is None:
             raise CheckpointError(f"{where}: {MANIFEST} has a malformed entry {str(entry)[:120]}")
         files[checked.path] = checked
-    return Manifest(directory, str(algorithm), files)
+    if record["format"] == 1:
+        return Manifest(directory, str(algorithm), files)
+    run, step = record.get("run"), record.get("step")
+    run_id, config_hash = (run.get("id"), run.get("config_hash")) if isinstance(run, dict) else (None, None)
+    if not (isinstance(run_id, str) and isinstance(config_hash, str) and type(step) is int):
+        raise CheckpointError(
+            f"{where}: {MANIFEST} (format {_FORMAT}) lacks its 'run' (id, config_hash) or 'step'"
+        )
+    return Manifest(directory, str(algorithm), files, RunIdentity(run_id, config_hash), step)
 
 
 def _entry(entry: Any, directory: Path) -> ManifestEntry | None:

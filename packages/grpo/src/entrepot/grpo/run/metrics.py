@@ -1,4 +1,13 @@
-"""Per-step metrics: merged across ranks, appended to metrics.jsonl, mirrored to TensorBoard."""
+"""Per-step metrics: merged across ranks, appended to metrics.jsonl, mirrored to TensorBoard.
+
+A resumed run writes, at every step, the same values as a run that was never stopped, except for
+the keys `is_measured` names: seconds and rates, and memory peaks, which are measurements of the
+process and the machine rather than functions of the run's data (on CPU a peak counts the model
+state resident at the time, and the first step after a resume holds no gradients until its update;
+on a GPU it is the allocator's, whose cache depends on the process's history). The dock's counters
+are cumulative over the run and checkpointed with it; a step reports what it moved
+(`dock_step_metrics` against the totals at the previous step, or at the checkpoint it resumed from).
+"""
 
 from __future__ import annotations
 
@@ -10,13 +19,23 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from entrepot.grpo.config import LoggingConfig
 
-__all__ = ["MetricsWriter", "dock_step_metrics", "merge_rank_metrics", "read_metrics"]
+__all__ = ["MetricsWriter", "dock_step_metrics", "is_measured", "merge_rank_metrics", "read_metrics"]
 
 # Stage timings of parallel ranks overlap: the step waits for the slowest one; memory peaks likewise.
 _MAX_KEYS = ("time/", "memory/")
 _MAX_SUFFIXES = ("_max",)
 _SUM_KEYS = ("rollout_tokens", "train_tokens")
 _DOCK_COUNTERS = (("rows_got", "rows"), ("bytes_got", "bytes"), ("wait_s", "wait_s"))
+_MEASURED_PREFIXES = ("time/", "memory/")
+_MEASURED_SUFFIXES = ("wait_s", "per_s", "/seconds", "/gbps")
+
+
+def is_measured(key: str) -> bool:
+    """Whether a metric is a measurement of the process and machine (seconds, rates, memory peaks).
+
+    Only these keys may differ between a resumed run and an uninterrupted one at the same step.
+    """
+    return key.startswith(_MEASURED_PREFIXES) or key.endswith(_MEASURED_SUFFIXES)
 
 
 def merge_rank_metrics(
@@ -61,13 +80,16 @@ def dock_step_metrics(totals: Mapping[str, float], previous: dict[str, float]) -
     return out
 
 
-def _tensorboard_writer(directory: Path) -> Any:
-    """A TensorBoard SummaryWriter, or None when tensorboard is not installed (it is optional)."""
+def _tensorboard_writer(directory: Path, purge_step: int | None = None) -> Any:
+    """A TensorBoard SummaryWriter, or None when tensorboard is not installed (it is optional).
+
+    `purge_step`: hide the events already logged at this step and after (the steps a resume repeats).
+    """
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         return None
-    return SummaryWriter(str(directory))
+    return SummaryWriter(str(directory), purge_step=purge_step)
 
 
 class MetricsWriter:
@@ -76,9 +98,10 @@ class MetricsWriter:
     def __init__(self, run_dir: Path, config: LoggingConfig) -> None:
         self.path = run_dir / config.metrics_file  # relative, without '..' (the config checks)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._tb_dir = run_dir / "tensorboard"
         self._tb: Any = None
         if config.tensorboard:
-            self._tb = _tensorboard_writer(run_dir / "tensorboard")
+            self._tb = _tensorboard_writer(self._tb_dir)
 
     def write(self, metrics: Mapping[str, Any]) -> None:
         with self.path.open("a") as f:
@@ -90,10 +113,13 @@ class MetricsWriter:
                     self._tb.add_scalar(key, value, step)
 
     def truncate(self, last_step: int) -> None:
-        """Drop records of steps after `last_step` (a resumed run repeats them)."""
+        """Drop records of steps after `last_step` (a resumed run repeats them), in TensorBoard too."""
         if self.path.is_file():
             kept = [r for r in read_metrics(self.path) if int(r.get("step", 0)) <= last_step]
             self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = _tensorboard_writer(self._tb_dir, purge_step=last_step + 1)
 
     def close(self) -> None:
         if self._tb is not None:

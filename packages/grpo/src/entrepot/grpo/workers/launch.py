@@ -106,7 +106,7 @@ def launch(config: GRPOConfig, run_dir: str | None = None) -> Cluster:
     from entrepot.grpo.workers.placement import Placement
     from entrepot.grpo.workers.ray_group import RayWorkerGroup
 
-    start_ray(config)
+    start_ray(config, run_dir)
     dock, dock_actors = _ray_dock(config, dock_args, run_dir)
     train_device = config.engine.device.startswith("cuda")  # one GPU per actor rank (and separate worker)
 
