@@ -36,6 +36,12 @@ RUN_BY = {
         "not run on a GPU yet: refused by validate here; trained 1 step on CPU (device and batch "
         "overridden, ~2 min, ~16 GB)",
     ),
+    "lora.yaml": (
+        "test_example_configs.py",
+        "test_lora_config_trains_and_reward_rises",
+        "120 steps on 4 digits, one process; reward rises",
+    ),
+    "dr-grpo.yaml": ("test_example_configs.py", "test_dr_grpo_config_trains", "2 steps, one process"),
     "local-hf-jsonl-cpu.yaml": (
         "test_example_configs.py",
         "test_local_hf_jsonl_config_trains_on_cpu",
@@ -74,6 +80,32 @@ def test_addition_config_trains(runner: CliRunner, configs_dir: Path, tmp_path: 
     assert run_dir.name.startswith("grpo-addition-")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2] and "accuracy" in records[-1]
+
+
+@pytest.mark.integration  # a training run
+def test_lora_config_trains_and_reward_rises(runner: CliRunner, configs_dir: Path, tmp_path: Path) -> None:
+    args = ["grpo", "train", "-c", str(configs_dir / "lora.yaml"), "-o", str(tmp_path), "--max-steps=120"]
+    args += ["-q", "data.num_digits=4", "resources.use_ray=false", "eval.every=0", "eval.num_prompts=16"]
+    args += ["logging.tensorboard=false", "checkpoint.save_every=0"]
+    result = runner.invoke(app, args, env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    assert "LoRA rank 8: the torch rollout engine receives merged weights" in result.output
+    run_dir = next(tmp_path.iterdir())
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    first = sum(r["reward_mean"] for r in rows[:10]) / 10
+    last = sum(r["reward_mean"] for r in rows[-10:]) / 10
+    assert last > first + 0.1, (first, last)
+
+
+@pytest.mark.integration  # a training run
+def test_dr_grpo_config_trains(runner: CliRunner, configs_dir: Path, tmp_path: Path) -> None:
+    args = ["grpo", "train", "-c", str(configs_dir / "dr-grpo.yaml"), "-o", str(tmp_path), "--max-steps=2"]
+    args += ["-q", "resources.use_ray=false", "eval.num_prompts=8", "logging.tensorboard=false"]
+    result = runner.invoke(app, args, env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    run_dir = next(tmp_path.iterdir())
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2] and "train/truncated_frac" in records[-1]
 
 
 @pytest.mark.integration  # a training run

@@ -127,3 +127,21 @@ def test_megatron_reference_from_its_own_path_is_kept_on_resume(tmp_path: Path) 
         saved = load_file(str(run / "checkpoints" / step / "reference.safetensors"))
         assert saved and saved.keys() <= expected.keys()
         assert all(torch.equal(saved[k], expected[k]) for k in saved), step
+
+
+def test_megatron_computes_each_loss_as_the_torch_engine(tmp_path: Path) -> None:
+    """GSPO, CISPO, PPO-clip and Dr. GRPO with a masked row: megatron at TP2 (padded grids) takes the
+    torch engine's step (packed) to fp32 tolerance (gradient norm and loss 1e-5; parameters after
+    Adam's first step 1e-4, as in test_megatron_matches_the_hf_module); the torch engine's own step is
+    checked against the written-out formulas in test_loss_family.py."""
+    import tests_support_megatron as support
+
+    mp.spawn(support.compare_losses_with_hf, args=(2, free_local_port(), str(tmp_path)), nprocs=2)
+    for rank in range(2):
+        results = json.loads((tmp_path / f"{rank}.json").read_text())
+        assert len(results) == len(support.LOSS_CASES)
+        for case, diffs in results.items():
+            assert diffs["clip_frac"] > 0, case  # off-policy enough to clip
+            assert diffs["param_diff"] <= 1e-4, (case, diffs)  # Adam's first step: see above
+            assert diffs["grad_norm_diff"] <= 1e-5, (case, diffs)
+            assert diffs["pg_loss_diff"] <= 1e-5, (case, diffs)

@@ -102,3 +102,11 @@ def test_a_tokenizer_larger_than_the_embedding_is_refused(model_dir: Path, tmp_p
     (small / "config.json").write_text(json.dumps({**config, "vocab_size": 4}))
     with pytest.raises(DataError, match=r"its tokenizer has 11 tokens and the model's embedding only 4"):
         check_inputs(load_config(None, [f"model.path={small}"]))
+
+
+def test_lora_without_peft_is_refused_with_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "peft", None)  # import machinery's "not installed"
+    with pytest.raises(GRPOConfigError, match=r'^model\.lora\.rank \(8\) needs peft.*pip install "peft'):
+        check_machine(load_config(None, ["model.lora.rank=8"]))

@@ -335,3 +335,20 @@ def test_mismatch_limit_needs_the_vllm_engine() -> None:
 def test_vllm_refusals_name_the_key(overrides: list[str], key: str) -> None:
     with pytest.raises(GRPOConfigError, match=key.replace(".", r"\.")):
         load_config(None, ["engine.rollout=vllm", *overrides])
+
+
+@needs_vllm
+def test_lora_merged_weights_reach_vllm(tmp_path: Path) -> None:
+    """LoRA (peft) on the trainer: vLLM gets the merged weights each step and samples the trained policy."""
+    from entrepot.grpo.trainer import Trainer
+
+    lora = ["model.lora.rank=4", "model.lora.target_modules=[c_attn,c_fc]", "algorithm.lr=1e-2"]
+    lines: list[str] = []
+    trainer = Trainer(load_config(None, [*LOCAL, *lora]), tmp_path / "run", on_startup=lines.append)
+    try:
+        steps = [trainer.train_step() for _ in range(3)]
+    finally:
+        trainer.close()
+    assert any("vllm rollout engine receives merged weights" in line for line in lines), lines
+    assert steps[-1]["kl"] > 0  # the adapters moved the policy away from the reference
+    assert all(step["rollout/logp_mismatch_max"] < 1e-4 for step in steps), steps

@@ -70,3 +70,54 @@ def compare_with_hf(
     result["param_diff"] = max(float((mine[n] - shard[n]).abs().max()) for n in mine)
     result["grad_norm_diff"] = abs(metrics["grad_norm"] - expected_metrics["grad_norm"])
     Path(out, f"{rank}.json").write_text(json.dumps(result))
+
+
+LOSS_CASES = (("ppo_clip", "token-mean", False), ("gspo", "seq-mean-token-mean", False),
+              ("cispo", "token-mean", False), ("ppo_clip", "seq-mean-token-sum-norm", True))  # fmt: skip
+"""(algorithm.loss, algorithm.loss_agg, mask a truncated row): the loss family's cases."""
+
+
+def compare_losses_with_hf(rank: int, world: int, port: int, out: str) -> None:
+    """Per `LOSS_CASES` case, {param_diff, grad_norm_diff, pg_loss_diff} of one off-policy update at TP2.
+
+    The old log-probs are shifted from the current ones (ratios over [0.7, 1.4]), so clipping and
+    the surrogates' differences show; the torch engine's `ppo_update` on the HF module is the reference.
+    """
+    torch.set_num_threads(1)
+    parallel = load_config(None, ["engine.train=megatron", "parallel.train.tensor=2"]).parallel.train
+    init_model_parallel(parallel, "cpu", 0, rank, world, f"tcp://127.0.0.1:{port}")
+    results: dict[str, dict[str, float]] = {}
+    batch = _rows()
+    advantages = torch.randn(batch.num_rows, generator=torch.Generator().manual_seed(5))
+    for loss, agg, mask in LOSS_CASES:
+        config = load_config(None, [
+            "engine.train=megatron", "parallel.train.tensor=2", "algorithm.kl_coef=0.0",
+            "batching.max_tokens_per_micro_batch=40", "algorithm.grad_clip=null", f"algorithm.loss={loss}",
+            f"algorithm.loss_agg={agg}", "algorithm.clip_low=0.1", "algorithm.clip_high=0.1",
+        ])  # fmt: skip
+        torch.manual_seed(0)
+        hf = build_model(config.model, VOCAB, pad_token_id=0, eos_token_id=1)
+        single = copy.deepcopy(hf)
+        trainer = MegatronTrainer(config, hf)
+        with torch.no_grad():
+            current, _ = response_logprobs(single, batch, packed=True)
+        old = current - torch.linspace(-0.35, 0.35, current.numel())
+        keep = torch.ones(batch.num_rows, dtype=torch.bool)
+        keep[1] = not mask
+        inputs = UpdateInputs(batch, advantages, old, None, [torch.arange(batch.num_rows)], horizon=9,
+                              keep=keep if mask else None)  # fmt: skip
+        metrics = trainer.update(inputs)
+        optimizer, scheduler = build_optimizer(single, config.algorithm, 300)
+        expected = ppo_update(single, optimizer, scheduler, inputs, config.algorithm, config.batching)
+        full = trainer.adaptor.hf_to_train({n: p.detach() for n, p in single.state_dict().items()})
+        coords = trainer.train_engine.layout.coords(rank, world)
+        shard = trainer.adaptor.shard(full, trainer.train_engine.layout, tp_rank=coords.tp_rank,
+                                      pp_rank=coords.pp_rank)  # fmt: skip
+        mine = trainer.named_parameters()
+        results[f"{loss}/{agg}/{mask}"] = {
+            "param_diff": max(float((mine[n] - shard[n]).abs().max()) for n in mine),
+            "grad_norm_diff": abs(metrics["grad_norm"] - expected["grad_norm"]),
+            "pg_loss_diff": abs(metrics["pg_loss"] - expected["pg_loss"]),
+            "clip_frac": expected["clip_frac"],
+        }
+    Path(out, f"{rank}.json").write_text(json.dumps(results))

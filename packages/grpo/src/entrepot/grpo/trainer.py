@@ -75,6 +75,9 @@ class Trainer:
         where = "on Ray" if uses_ray(config.resources, config.parallel, config.dock) else "in this process"
         ranks = config.resources.num_actor_workers * config.parallel.train.model_parallel
         say(f"starting {ranks} actor rank(s) + {_other_workers(config)} {where}")
+        if config.model.lora.enabled:
+            say(f"LoRA rank {config.model.lora.rank}: the {config.engine.rollout} rollout engine receives "
+                "merged weights (W + scale B A) each step; adapter-only sync is not used")  # fmt: skip
         self.cluster = launch(config, str(self.run_dir))  # Ray (when used) and the dock; workers start
         placement = self.cluster.placement()
         if placement is not None:  # on a cluster: which node each replica got (an error names it too)
@@ -173,14 +176,16 @@ class Trainer:
     # -- checkpoints ----------------------------------------------------------------------------
 
     def save(self) -> Path:
-        """Write a checkpoint of the current step (the dock and a megatron HF export inside it) and prune."""
+        """Write a checkpoint of the current step and prune.
+
+        Besides the training state and the dock, sharded weights (megatron) and LoRA policies also
+        get an HF directory `hf/` of the whole (merged) model; LoRA's adapter goes in `hf/adapter/`.
+        """
         states = self._wait([self.actors.call(ActorWorker.state)])[0]
         directory = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
         meta = {"step": self.step, "data_position": self.data_position, "config": config_to_dict(self.config)}
         writers = [lambda tmp: self.dock.save(str((tmp / "dock.pt").resolve()))]  # a Ray dock: absolute
-        if choose_engines(
-            self.config.engine
-        ).train.shards_weights:  # sharded weights: also an HF directory, whole
+        if choose_engines(self.config.engine).train.shards_weights or self.config.model.lora.enabled:
             writers.append(lambda tmp: self._wait([self.actors.call(ActorWorker.export_hf, str(tmp / "hf"))]))
         shards = [_shard(rank) for rank in self.actors.ranks]
         ckpt.write_checkpoint(directory, states, meta, writers, shards, owner=self.owner)

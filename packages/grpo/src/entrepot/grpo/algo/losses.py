@@ -1,4 +1,4 @@
-"""GRPO maths on tensors: group advantages, KL estimators, the PPO-clip loss, aggregation, schedule.
+"""GRPO maths on tensors: group advantages, KL estimators, the policy loss and its aggregation.
 
 Nothing here knows about ranks, workers or the dock. Per-token values are flat [R] (the response
 tokens of B rows, row after row: `entrepot.grpo.algo.sequences`). Aggregation is a weight per token
@@ -15,6 +15,8 @@ from typing import Literal
 
 import torch
 
+from entrepot.grpo.algo.surrogates import SURROGATES, LossKind
+
 __all__ = [
     "LossOutput",
     "group_advantages",
@@ -26,7 +28,7 @@ __all__ = [
     "token_weights",
 ]
 
-LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 KLKind = Literal["k1", "abs", "mse", "low_var_kl", "k3", "clamped"]
 _EPS = 1e-6
 
@@ -94,8 +96,9 @@ def sequence_kl(
     return torch.zeros(response_lengths.numel(), dtype=per_token.dtype).index_add_(0, rows, per_token)
 
 
-def loss_normalizer(response_lengths: torch.Tensor, mode: LossAgg) -> float:
-    """What `mode` divides by, counted over these rows: response tokens (token-mean) or responses.
+def loss_normalizer(response_lengths: torch.Tensor, mode: LossAgg, horizon: int = 1) -> float:
+    """What `mode` divides by, counted over these rows: response tokens (token-mean), responses, or
+    responses x `horizon` (seq-mean-token-sum-norm: Dr. GRPO's constant, the generation budget).
 
     Under data parallelism each rank counts its rows and the counts are summed over ranks, so the
     loss is the mean over the global mini-batch, not a mean of per-rank means.
@@ -104,7 +107,12 @@ def loss_normalizer(response_lengths: torch.Tensor, mode: LossAgg) -> float:
         return float(response_lengths.sum())
     if mode in ("seq-mean-token-mean", "seq-mean-token-sum"):
         return float(response_lengths.numel())
-    raise ValueError(f"loss_agg ({mode!r}) must be token-mean, seq-mean-token-mean or seq-mean-token-sum")
+    if mode == "seq-mean-token-sum-norm":
+        return float(response_lengths.numel() * horizon)
+    raise ValueError(
+        f"loss_agg ({mode!r}) must be token-mean, seq-mean-token-mean, seq-mean-token-sum or "
+        "seq-mean-token-sum-norm"
+    )
 
 
 def token_weights(response_lengths: torch.Tensor, mode: LossAgg, normalizer: float) -> torch.Tensor:
@@ -113,11 +121,13 @@ def token_weights(response_lengths: torch.Tensor, mode: LossAgg, normalizer: flo
     ``token-mean``: 1 / (valid tokens of the mini-batch); long answers weigh more.
     ``seq-mean-token-mean``: 1 / (r_i * responses): each response's token mean, averaged.
     ``seq-mean-token-sum``: 1 / responses: each response's token sum, averaged.
+    ``seq-mean-token-sum-norm``: 1 / (responses x horizon): token sums over a constant (Dr. GRPO), so
+    neither the response's nor the batch's length changes a token's weight.
 
     Args:
         response_lengths: int [B] response tokens per row (r_i).
         mode: the aggregation.
-        normalizer: `loss_normalizer` of the whole (global) mini-batch, >= 1.
+        normalizer: `loss_normalizer` of the whole (global) mini-batch (>= 1; the horizon already in).
 
     Returns:
         [R] float32 weights, row after row.
@@ -149,6 +159,8 @@ def policy_loss(
     advantages: torch.Tensor,
     weights: torch.Tensor,
     *,
+    response_lengths: torch.Tensor | None = None,
+    loss: LossKind = "ppo_clip",
     num_tokens: float | None = None,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
@@ -158,10 +170,10 @@ def policy_loss(
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
 ) -> LossOutput:
-    """PPO-clip surrogate with separate low/high clip, optional KL to the reference and entropy bonus.
+    """A policy-gradient surrogate (`surrogates`), optional KL to the reference and entropy bonus.
 
-    loss = sum_t w_t [-min(r_t A_t, clip(r_t, 1 - clip_low, 1 + clip_high) A_t)
-                      + kl_coef KL_t - entropy_coef H_t]
+    loss = sum_t w_t [l_t + kl_coef KL_t - entropy_coef H_t], with l_t the surrogate `loss` picks
+    (``ppo_clip``: -min(r_t A_t, clip(r_t, 1 - clip_low, 1 + clip_high) A_t)).
 
     The weights w carry the aggregation (`token_weights`), so the caller picks token-mean or a
     sequence mean, over a micro-batch, a mini-batch or all DP ranks, by the normalizer alone.
@@ -171,6 +183,9 @@ def policy_loss(
         old_logp: [R] log-probs at sampling time.
         advantages: [R] advantage of each token (a response's advantage repeated over its tokens).
         weights: [R] aggregation weights (`token_weights`).
+        response_lengths: [B] tokens of each response (default: one response of R tokens); GSPO's
+            sequence ratio averages over them.
+        loss: the surrogate (`surrogates.SURROGATES`).
         num_tokens: valid tokens the diagnostics clip_frac and ratio_mean are averaged over
             (default R, this call's tokens; the global mini-batch's under data parallelism).
         ref_logp: [R] reference log-probs; needed when kl_coef > 0.
@@ -179,31 +194,32 @@ def policy_loss(
     Returns:
         LossOutput with metrics pg_loss, clip_frac, ratio_mean, ratio_max, kl and entropy (when given).
     """
+    if loss not in SURROGATES:
+        raise ValueError(f"loss ({loss!r}) must be one of {', '.join(SURROGATES)}")
     weights = weights.to(logp.dtype)
     share = 1.0 / max(num_tokens if num_tokens is not None else logp.numel(), 1.0)
-    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)  # [R]
-    ratio = log_ratio.exp()  # [R]
-    unclipped = ratio * advantages  # [R]
-    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages  # [R]
-    pg_loss = (-torch.minimum(unclipped, clipped) * weights).sum()
-    loss = pg_loss
+    if response_lengths is None:
+        response_lengths = torch.tensor([logp.numel()])
+    surrogate = SURROGATES[loss](logp, old_logp, advantages, response_lengths, clip_low, clip_high)
+    pg_loss = (surrogate.per_token * weights).sum()
+    total = pg_loss
     metrics: dict[str, float] = {"pg_loss": float(pg_loss.detach())}
     with torch.no_grad():
-        metrics["clip_frac"] = float((clipped < unclipped).to(logp.dtype).sum() * share)
-        metrics["ratio_mean"] = float(ratio.sum() * share)
-        metrics["ratio_max"] = float(ratio.max()) if ratio.numel() else 1.0
+        metrics["clip_frac"] = float(surrogate.clipped.to(logp.dtype).sum() * share)
+        metrics["ratio_mean"] = float(surrogate.ratio.sum() * share)
+        metrics["ratio_max"] = float(surrogate.ratio.max()) if surrogate.ratio.numel() else 1.0
     if ref_logp is not None:
         kl_loss = (kl_penalty(logp, ref_logp, kl_kind) * weights).sum()
         if kl_coef > 0:
-            loss = loss + kl_coef * kl_loss
+            total = total + kl_coef * kl_loss
         metrics["kl"] = float(kl_loss.detach())
     elif kl_coef > 0:
         raise ValueError("policy_loss: kl_coef > 0 needs ref_logp")
     if entropy is not None:
         entropy_sum = (entropy * weights).sum()
         if entropy_coef > 0:
-            loss = loss - entropy_coef * entropy_sum
+            total = total - entropy_coef * entropy_sum
         metrics["entropy"] = float(entropy_sum.detach())
     elif entropy_coef > 0:
         raise ValueError("policy_loss: entropy_coef > 0 needs entropy")
-    return LossOutput(loss=loss, metrics=metrics)
+    return LossOutput(loss=total, metrics=metrics)

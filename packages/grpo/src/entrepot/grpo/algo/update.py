@@ -1,4 +1,4 @@
-"""The actor's passes over a step's rows: micro-batched log-probs and the PPO-clip update.
+"""The actor's passes over a step's rows: micro-batched log-probs and the policy update.
 
 Both are plain functions of a model and tensors; the worker (or the single-process baseline in
 benchmarks/) supplies the rows. Under data parallelism a rank passes a `DataParallel` and only its
@@ -31,6 +31,7 @@ __all__ = [
     "compute_logprobs",
     "micro_batch_loss",
     "micro_batches",
+    "mini_batch_counts",
     "ppo_update",
     "process_group_backend",
 ]
@@ -139,6 +140,9 @@ class UpdateInputs:
         ref_logp: [R] reference log-probs, or None without a KL term in the loss.
         mini_batches: rows of `batch` in each mini-batch (the same number on every DP rank; a rank
             may hold no row of a mini-batch).
+        horizon: the constant of `seq-mean-token-sum-norm` (tokens; the generation budget).
+        keep: [B] bool, the rows whose tokens have a loss (None: all); `algorithm.mask_truncated`
+            drops responses cut at the budget from the loss and its normaliser.
     """
 
     batch: ResponseBatch
@@ -146,6 +150,26 @@ class UpdateInputs:
     old_logp: torch.Tensor | None
     ref_logp: torch.Tensor | None
     mini_batches: Sequence[torch.Tensor]
+    horizon: int = 1
+    keep: torch.Tensor | None = None
+
+
+def mini_batch_counts(
+    inputs: UpdateInputs, rows: torch.Tensor, algo: AlgorithmConfig, dp: DataParallel | None
+) -> tuple[float, float]:
+    """The loss normaliser and the token count of mini-batch `rows`, summed over DP ranks (both engines).
+
+    Rows outside `inputs.keep` count in neither.
+    """
+    lengths = inputs.batch.response_lengths[rows]
+    if inputs.keep is not None:
+        lengths = lengths[inputs.keep[rows]]
+    counts = torch.tensor(
+        [loss_normalizer(lengths, algo.loss_agg, inputs.horizon), float(lengths.sum())], dtype=torch.float64
+    )
+    if dp is not None:
+        dp.sum_(counts)
+    return float(counts[0]), float(counts[1])
 
 
 def ppo_update(
@@ -160,12 +184,12 @@ def ppo_update(
     pad_token_id: int = 0,
     lanes: int = 1,
 ) -> dict[str, float]:
-    """PPO-clip epochs over the mini-batches, one optimiser step each; returns mean diagnostics.
+    """Policy-loss epochs over the mini-batches, one optimiser step each; returns mean diagnostics.
 
-    Each mini-batch's loss is `policy_loss` with token weights normalised over the whole (global)
-    mini-batch, summed over micro-batches; with `dp` the normalizers and the gradients are summed
-    over ranks, so every rank takes the same step. `lanes` > 1 splits each micro-batch over that
-    many threads, their gradients summed in lane order (`entrepot.grpo.embedded.lanes`).
+    Each mini-batch's loss is `policy_loss` (`algorithm.loss`) with token weights normalised over
+    the whole (global) mini-batch, summed over micro-batches; with `dp` the normalizers and the
+    gradients are summed over ranks, so every rank takes the same step. `lanes` > 1 splits each
+    micro-batch over that many threads, their gradients summed in lane order (`embedded.lanes`).
     """
     totals: dict[str, float] = {}
     steps = 0
@@ -191,11 +215,7 @@ def _mini_batch_step(
     lanes: int,
 ) -> dict[str, float]:
     mini = inputs.batch.select(rows)
-    counts = torch.tensor([loss_normalizer(mini.response_lengths, algo.loss_agg), mini.num_response_tokens],
-                          dtype=torch.float64)  # fmt: skip
-    if dp is not None:
-        dp.sum_(counts)
-    normalizer, num_tokens = float(counts[0]), float(counts[1])
+    normalizer, num_tokens = mini_batch_counts(inputs, rows, algo, dp)
     optimizer.zero_grad(set_to_none=True)
     # The same keys on every rank (a rank may hold no row of this mini-batch) for the one all-reduce.
     keys = ["pg_loss", "clip_frac", "ratio_mean", "entropy"] + (["kl"] if inputs.ref_logp is not None else [])
@@ -264,9 +284,12 @@ def micro_batch_loss(
     device = logp.device
     old = logp.detach() if inputs.old_logp is None else _values(inputs, inputs.old_logp, picked, device)
     ref = None if inputs.ref_logp is None else _values(inputs, inputs.ref_logp, picked, device)
+    weights = token_weights(sub.response_lengths, algo.loss_agg, normalizer)
+    if inputs.keep is not None:
+        weights = weights * sub.per_token(inputs.keep[picked].to(weights.dtype))
     return policy_loss(
-        logp, old, sub.per_token(inputs.advantages[picked].to(device)),
-        token_weights(sub.response_lengths, algo.loss_agg, normalizer).to(device),
+        logp, old, sub.per_token(inputs.advantages[picked].to(device)), weights.to(device),
+        response_lengths=sub.response_lengths, loss=algo.loss,
         num_tokens=num_tokens, clip_low=algo.clip_low, clip_high=algo.clip_high,
         ref_logp=ref, kl_coef=0.0 if algo.kl_in_reward else algo.kl_coef, kl_kind=algo.kl_kind,
         entropy=entropy, entropy_coef=algo.entropy_coef,

@@ -21,6 +21,7 @@ from entrepot.grpo.config.algorithm import AlgorithmConfig
 from entrepot.grpo.config.batching import BatchingConfig, PassBatchingConfig
 from entrepot.grpo.config.engine import EngineConfig, InferParallelConfig, ParallelConfig, TrainParallelConfig
 from entrepot.grpo.config.loading import config_from_dict, config_to_dict, dump_yaml, load_config
+from entrepot.grpo.config.lora import LoraConfig
 from entrepot.grpo.config.model import DataConfig, ModelConfig
 from entrepot.grpo.config.resources import DockConfig, ResourcesConfig, ThreadsConfig
 from entrepot.grpo.config.reward import RewardConfig
@@ -39,6 +40,7 @@ __all__ = [
     "GRPOConfig",
     "InferParallelConfig",
     "LoggingConfig",
+    "LoraConfig",
     "ModelConfig",
     "ParallelConfig",
     "PassBatchingConfig",

@@ -8,10 +8,11 @@ from typing import Literal
 
 from entrepot.grpo.config.fields import check, check_choice, doc
 
-__all__ = ["AlgorithmConfig", "KLKind", "LossAgg"]
+__all__ = ["AlgorithmConfig", "KLKind", "LossAgg", "LossKind"]
 
 KLKind = Literal["k1", "abs", "mse", "low_var_kl", "k3", "clamped"]
-LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+LossKind = Literal["ppo_clip", "gspo", "cispo"]
 
 
 @dataclass(kw_only=True)
@@ -32,9 +33,36 @@ class AlgorithmConfig:
     clip_high: float = field(
         default=0.2, metadata=doc("PPO ratio clip above 1 (ratio <= 1 + clip_high; DAPO clip-higher).")
     )
+    loss: LossKind = field(
+        default="ppo_clip",
+        metadata=doc(
+            "Policy loss: ppo_clip (token ratio, clipped), gspo (sequence ratio exp(mean log-ratio), "
+            "clipped; use seq-mean-token-mean and small clips, e.g. 3e-4 / 4e-4) or cispo (REINFORCE "
+            "with clipped stop-gradient IS weights; clip_low / clip_high bound the weight). Formulas: "
+            "the grpo README's loss table."
+        ),
+    )
     entropy_coef: float = field(default=0.0, metadata=doc("Entropy bonus weight (subtracted from the loss)."))
     loss_agg: LossAgg = field(
-        default="token-mean", metadata=doc("token-mean | seq-mean-token-mean | seq-mean-token-sum.")
+        default="token-mean",
+        metadata=doc(
+            "token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm (token "
+            "sums over responses x loss_horizon: Dr. GRPO's constant normaliser)."
+        ),
+    )
+    loss_horizon: int | None = field(
+        default=None,
+        metadata=doc(
+            "The constant of seq-mean-token-sum-norm, in tokens; None = the generation budget "
+            "(rollout.max_new_tokens, or what the task allows)."
+        ),
+    )
+    mask_truncated: bool = field(
+        default=False,
+        metadata=doc(
+            "DAPO overlong filtering: responses cut at the generation budget (no stop token) get no "
+            "loss and do not count in the loss's normaliser (metric train/truncated_frac)."
+        ),
     )
     normalize_std: bool = field(
         default=True, metadata=doc("Divide group-centred rewards by the group std (False = Dr. GRPO).")
@@ -83,7 +111,10 @@ class AlgorithmConfig:
     def __post_init__(self) -> None:
         check(self.kl_coef >= 0, "algorithm.kl_coef", self.kl_coef, ">= 0")
         check_choice("algorithm.kl_kind", self.kl_kind, typing.get_args(KLKind))
+        check_choice("algorithm.loss", self.loss, typing.get_args(LossKind))
         check_choice("algorithm.loss_agg", self.loss_agg, typing.get_args(LossAgg))
+        if self.loss_horizon is not None:
+            check(self.loss_horizon >= 1, "algorithm.loss_horizon", self.loss_horizon, ">= 1 or null")
         check_choice("algorithm.lr_schedule", self.lr_schedule, ("constant", "cosine"))
         check(0 <= self.clip_low < 1, "algorithm.clip_low", self.clip_low, "in [0, 1)")
         check(self.clip_high >= 0, "algorithm.clip_high", self.clip_high, ">= 0")

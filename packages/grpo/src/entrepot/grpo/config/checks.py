@@ -20,11 +20,13 @@ __all__ = [
     "check_batches",
     "check_colocation",
     "check_layout_fits_model",
+    "check_lora",
     "check_model_source",
     "check_parallel",
     "check_partial_rollout",
     "check_reference",
     "check_rollout_engine",
+    "check_truncation_mask",
     "check_workers",
 ]
 
@@ -209,3 +211,16 @@ def check_partial_rollout(
           "false with rollout.partial_max_tokens (a step trains the groups that finished)")  # fmt: skip
     check(parallel.infer.tensor == 1, "parallel.infer.tensor", parallel.infer.tensor,
           "1 with rollout.partial_max_tokens (not run with a tensor-parallel vLLM)")  # fmt: skip
+
+
+def check_truncation_mask(rollout: RolloutConfig, algorithm: AlgorithmConfig) -> None:
+    """Masking truncated responses needs a stop token (without one every response runs to the budget)."""
+    check(not algorithm.mask_truncated or rollout.stop_on_eos, "algorithm.mask_truncated", True,
+          "false when rollout.stop_on_eos is false (every response would be masked)")  # fmt: skip
+
+
+def check_lora(model: ModelConfig, engine: EngineConfig) -> None:
+    """LoRA is built on the torch engine (peft on the HF module); megatron trains every weight."""
+    check(not model.lora.enabled or engine.train == "torch", "model.lora.rank", model.lora.rank,
+          f"0 with engine.train={engine.train!r}: LoRA adapters run on engine.train=torch (megatron-core "
+          "has no peft integration here; train the full model there)")  # fmt: skip

@@ -84,6 +84,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise GRPOConfigError(f"{key} ({value!r}) must be a list of {len(args)} values")
         return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise GRPOConfigError(f"{key} ({value!r}) must be a list")
+        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
         key_tp, value_tp = typing.get_args(tp)
         if not isinstance(value, Mapping):

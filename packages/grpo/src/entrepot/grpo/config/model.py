@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from entrepot.grpo.config.fields import check, check_choice, doc
+from entrepot.grpo.config.lora import LoraConfig
 
 __all__ = ["Architecture", "DataConfig", "ModelConfig", "TaskName"]
 
@@ -58,6 +59,11 @@ class ModelConfig:
             "Local HF model directory of the reference (the KL anchor), same vocabulary as the policy "
             "(and, with engine.train=megatron, the same shape); None = the policy's initial weights."
         ),
+    )
+
+    lora: LoraConfig = field(
+        default_factory=LoraConfig,
+        metadata=doc("LoRA adapters (peft) instead of full training: rank, alpha, dropout, target_modules."),
     )
 
     def __post_init__(self) -> None:

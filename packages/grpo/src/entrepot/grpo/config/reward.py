@@ -37,6 +37,18 @@ class RewardConfig:
         ),
     )
     model_micro_batch: int = field(default=16, metadata=doc("Sequences per forward pass of a reward model."))
+    overlong_buffer: int = field(
+        default=0,
+        metadata=doc(
+            "DAPO overlong shaping: responses longer than (generation budget - overlong_buffer) tokens "
+            "lose overlong_penalty x (excess / overlong_buffer) reward (up to overlong_penalty at the "
+            "budget); 0 = off."
+        ),
+    )
+    overlong_penalty: float = field(
+        default=1.0,
+        metadata=doc("Reward a response of the full budget loses (with overlong_buffer)."),
+    )
 
     def __post_init__(self) -> None:
         check(
@@ -46,6 +58,8 @@ class RewardConfig:
             "at least one verifier (or a reward model in reward.models)",
         )
         check(self.model_micro_batch >= 1, "reward.model_micro_batch", self.model_micro_batch, ">= 1")
+        check(self.overlong_buffer >= 0, "reward.overlong_buffer", self.overlong_buffer, ">= 0 (0 = off)")
+        check(self.overlong_penalty >= 0, "reward.overlong_penalty", self.overlong_penalty, ">= 0")
         for path, weight in self.models.items():
             check(bool(path), "reward.models", self.models, "local directory -> weight, no empty path")
             check(isinstance(weight, (int, float)), f"reward.models.{path}", weight, "a number")

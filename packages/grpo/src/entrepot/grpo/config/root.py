@@ -63,3 +63,5 @@ class GRPOConfig:
         checks.check_layout_fits_model(self.parallel.train, self.model)
         checks.check_rollout_engine(self.engine, self.model)
         checks.check_partial_rollout(self.rollout, self.algorithm, self.parallel)
+        checks.check_truncation_mask(self.rollout, self.algorithm)
+        checks.check_lora(self.model, self.engine)

@@ -21,11 +21,13 @@ if TYPE_CHECKING:
         DockConfig,
         GRPOConfig,
         ModelConfig,
+        RewardConfig,
         RolloutConfig,
     )
 
 __all__ = [
     "check_dock_groups",
+    "check_overlong_buffer",
     "check_partial_budget",
     "check_positions",
     "check_task_fits",
@@ -39,6 +41,7 @@ def check_task_fits(config: GRPOConfig) -> None:
     check_positions(config.data, config.rollout, config.model)
     check_token_budgets(config.data, config.rollout, config.batching)
     check_partial_budget(config.data, config.rollout)
+    check_overlong_buffer(config.data, config.rollout, config.reward)
 
 
 def check_dock_groups(data: DataConfig, rollout: RolloutConfig, dock: DockConfig) -> None:
@@ -93,3 +96,12 @@ def check_partial_budget(data: DataConfig, rollout: RolloutConfig) -> None:
     check(partial < budget, "rollout.partial_max_tokens", partial,
           f"< the response budget ({budget}, rollout.max_new_tokens or the task's): else every "
           "response finishes in one step; use null")  # fmt: skip
+
+
+def check_overlong_buffer(data: DataConfig, rollout: RolloutConfig, reward: RewardConfig) -> None:
+    """DAPO's overlong buffer is a part of the response budget (else every response is punished)."""
+    if not reward.overlong_buffer:
+        return
+    budget = response_budget(data, rollout)
+    check(reward.overlong_buffer < budget, "reward.overlong_buffer", reward.overlong_buffer,
+          f"< the response budget ({budget}, rollout.max_new_tokens or the task's)")  # fmt: skip

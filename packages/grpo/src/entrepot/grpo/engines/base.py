@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -139,6 +140,10 @@ class TrainEngine(Protocol):
 
     def join_data_parallel(self) -> None:
         """Sum gradients over the data-parallel ranks from now on (the actor group has several)."""
+        ...
+
+    def save_adapter(self, directory: str | Path) -> bool:
+        """Write the LoRA adapter (peft's directory) when the policy trains one; whether it did."""
         ...
 
     def reference_resident(self) -> contextlib.AbstractContextManager[None]:

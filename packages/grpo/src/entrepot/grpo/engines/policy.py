@@ -6,7 +6,8 @@ builds too, so both start from identical weights, engines and sampling streams.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ __all__ = [
     "export_hf",
     "initial_model",
     "load_reference",
+    "quiet_hf_progress",
     "sampling_generator",
 ]
 
@@ -162,5 +164,20 @@ def export_hf(
     if unexpected or any(name != "lm_head.weight" for name in missing):
         raise RuntimeError(f"HF export: missing {missing}, unexpected {unexpected}")
     model.tie_weights()
-    model.save_pretrained(out)
+    with quiet_hf_progress():
+        model.save_pretrained(out)
     return out
+
+
+@contextlib.contextmanager
+def quiet_hf_progress() -> Iterator[None]:
+    """No transformers progress bars inside (a checkpoint's export would draw one into the live display)."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()

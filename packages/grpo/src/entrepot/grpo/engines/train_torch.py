@@ -102,6 +102,15 @@ class TorchTrainer:
     def after_restore(self) -> None:
         """Nothing derived: HF ties weights by sharing one tensor."""
 
+    def save_adapter(self, directory: str | Path) -> bool:
+        """Write the LoRA adapter (peft's directory) when the policy has one; whether it did."""
+        from entrepot.grpo.engines.lora import is_lora, save_adapter
+
+        if not is_lora(self.model):
+            return False
+        save_adapter(self.model, directory)
+        return True
+
 
 def build_torch_side(
     config: GRPOConfig, model: torch.nn.Module, own_reference: torch.nn.Module | None, pad_token_id: int,
@@ -118,14 +127,20 @@ def build_torch_side(
     if config.algorithm.kl_coef > 0 and config.resources.colocate:
         reference = own_reference if own_reference is not None else copy.deepcopy(model)
         reference = reference.to(config.engine.device).requires_grad_(False).eval()
-    total_steps = total_optimizer_steps(config.max_steps, config.algorithm, config.rollout)
-    optimizer, scheduler = build_optimizer(model, config.algorithm, total_steps)
-    trainer = TorchTrainer(
-        config.algorithm, config.batching, model, reference, optimizer, scheduler, pad_token_id,
-        lanes=lanes, offload_reference=config.engine.reference_offloaded,
-    )  # fmt: skip
     adaptor = get_adaptor(hf_architecture(model), model.config)
     engine, target = rollout.build(config, model, run_dir, True, lanes)
-    manager = build_manager(config.engine, TorchTrainingEngine(model, adaptor), engine,
-                            LocalResharder(adaptor, target), list(model.parameters()), optimizer)  # fmt: skip
+    trained, train_engine = model, TorchTrainingEngine(model, adaptor)
+    if config.model.lora.enabled:  # adapters on a frozen copy; the rollout gets merged weights
+        from entrepot.grpo.engines.lora import LoraTrainingEngine, apply_lora
+
+        trained = apply_lora(model, config.model.lora)
+        train_engine = LoraTrainingEngine(trained, adaptor)
+    total_steps = total_optimizer_steps(config.max_steps, config.algorithm, config.rollout)
+    optimizer, scheduler = build_optimizer(trained, config.algorithm, total_steps)
+    trainer = TorchTrainer(
+        config.algorithm, config.batching, trained, reference, optimizer, scheduler, pad_token_id,
+        lanes=lanes, offload_reference=config.engine.reference_offloaded,
+    )  # fmt: skip
+    manager = build_manager(config.engine, train_engine, engine, LocalResharder(adaptor, target),
+                            list(trained.parameters()), optimizer)  # fmt: skip
     return trainer, engine, manager

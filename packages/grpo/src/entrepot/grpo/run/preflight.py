@@ -34,6 +34,11 @@ def check_machine(config: GRPOConfig) -> None:
             "logging.tensorboard (true) needs tensorboard, which is not installed: pip install tensorboard "
             "(or logging.tensorboard=null to write it only when installed)"
         )
+    if config.model.lora.enabled and not _installed("peft"):
+        raise GRPOConfigError(
+            f"model.lora.rank ({config.model.lora.rank}) needs peft, which is not installed: "
+            'pip install "peft>=0.17,<1" (or model.lora.rank=0 to train every weight)'
+        )
     engines = choose_engines(config.engine)
     if engines.train.module is not None and not _installed(engines.train.module):
         raise GRPOConfigError(

@@ -19,12 +19,14 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from entrepot.dock import Batch, DockClient
 from entrepot.grpo.algo.sequences import ResponseBatch
+from entrepot.grpo.algo.shaping import truncated_rows
 from entrepot.grpo.algo.update import UpdateInputs
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.data.lengths import partial_max_age
@@ -255,7 +257,7 @@ class ActorWorker:
     def update(
         self, dock: DockClient, plan: Sequence[Sequence[Sequence[int]]], *, with_old: bool
     ) -> dict[str, float]:
-        """PPO-clip update on this rank's rows: `plan[dp_rank]` lists the dock rows of each mini-batch."""
+        """The policy update on this rank's rows: `plan[dp_rank]` lists the dock rows of each mini-batch."""
         t0 = time.perf_counter()
         cfg, policy = self.config, self.policy
         mine = plan[self.rank.dp_rank]
@@ -276,6 +278,8 @@ class ActorWorker:
             sample()  # gradients and optimizer state now exist
             policy.manager.exit_train_mode()
         metrics.update(memory)
+        if inputs.keep is not None and inputs.keep.numel():
+            metrics["train/truncated_frac"] = float((~inputs.keep).float().mean())
         metrics["time/update"] = time.perf_counter() - t0
         metrics["time/reshard_to_train"] = to_train
         metrics["train_tokens"] = float(inputs.batch.lengths.sum()) if self.rank.reads_dock else 0.0
@@ -300,14 +304,17 @@ class ActorWorker:
             return UpdateInputs(batch, torch.zeros(0), None if old is None else torch.zeros(0),
                                 torch.zeros(0) if use_ref else None, local)  # fmt: skip
         got = self.reader.take(dock, "actor_train", columns, rows)
-        data = got.columns
+        data, batch, sampling = got.columns, response_batch(got), self.policy.sampling
         return UpdateInputs(
-            batch=response_batch(got),
+            batch=batch,
             advantages=data["advantages"].float(),
             old_logp=None if old is None else data[old].float(),
             ref_logp=data["ref_log_prob"] if use_ref else None,
             mini_batches=local,
-        )
+            horizon=self.config.algorithm.loss_horizon or sampling.max_new_tokens,
+            keep=~truncated_rows(batch, sampling.max_new_tokens, sampling.stop_token_ids)
+            if self.config.algorithm.mask_truncated else None,
+        )  # fmt: skip
 
     def evaluate(self, num_prompts: int | None = None) -> dict[str, float]:
         """Greedy accuracy on held-out prompts with freshly resharded weights."""
@@ -334,6 +341,7 @@ class ActorWorker:
         try:
             if self.rank.rank == 0:
                 export_hf(self.policy, directory)
+                self.trainer.save_adapter(Path(directory) / "adapter")  # LoRA: the adapter beside it
         finally:
             manager.exit_infer_mode()
 

@@ -12,6 +12,7 @@ import time
 import torch
 
 from entrepot.dock import DockClient
+from entrepot.grpo.algo.shaping import overlong_penalty
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.data import rewards
 from entrepot.grpo.data.sources import build_task
@@ -63,7 +64,8 @@ class RewardWorker:
             from entrepot.grpo.engines.models import load_tokenizer
 
             tokenizer = load_tokenizer(config.model.path)
-        self.tokenizer = build_task(config, tokenizer).tokenizer
+        setup = build_task(config, tokenizer)
+        self.tokenizer, self.budget = setup.tokenizer, setup.max_new_tokens
 
     def ready(self) -> bool:
         """Nothing: answering at all means the worker finished starting (Ray queues calls until then)."""
@@ -88,6 +90,10 @@ class RewardWorker:
             scores = torch.tensor(rewards.score(texts, answers, reward.verifiers), dtype=torch.float32)
             if with_models:
                 scores += batch.columns[MODEL_SCORES].float()
+            if reward.overlong_buffer:  # DAPO's soft overlong punishment
+                scores += overlong_penalty(
+                    batch.lengths["responses"], self.budget, reward.overlong_buffer, reward.overlong_penalty
+                )
             correct = rewards.score(texts, answers, {reward.accuracy_verifier: 1.0})
             dock.put(
                 {

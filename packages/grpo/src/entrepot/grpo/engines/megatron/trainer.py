@@ -18,10 +18,9 @@ from typing import Any
 
 import torch
 
-from entrepot.grpo.algo.losses import loss_normalizer
 from entrepot.grpo.algo.optim import total_optimizer_steps
 from entrepot.grpo.algo.sequences import ResponseBatch, segment_index
-from entrepot.grpo.algo.update import DataParallel, UpdateInputs, micro_batch_loss
+from entrepot.grpo.algo.update import DataParallel, UpdateInputs, micro_batch_loss, mini_batch_counts
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.embedded.gpt2_model import hf_architecture
 from entrepot.grpo.engines.frozen import FrozenOnDemand
@@ -127,7 +126,7 @@ class MegatronTrainer:
         return out
 
     def update(self, inputs: UpdateInputs) -> dict[str, float]:
-        """PPO-clip epochs over the mini-batches (one optimiser step each); mean diagnostics."""
+        """Policy-loss epochs over the mini-batches (one optimiser step each); mean diagnostics."""
         totals: dict[str, float] = {}
         steps = 0
         for chunk in self.chunks:
@@ -143,12 +142,7 @@ class MegatronTrainer:
     def _mini_batch_step(self, inputs: UpdateInputs, rows: torch.Tensor) -> dict[str, float]:
         algo = self.config.algorithm
         mini = inputs.batch.select(rows)
-        counts = torch.tensor(
-            [loss_normalizer(mini.response_lengths, algo.loss_agg), mini.num_response_tokens],
-            dtype=torch.float64,
-        )
-        self.dp.sum_(counts)
-        normalizer, num_tokens = float(counts[0]), float(counts[1])
+        normalizer, num_tokens = mini_batch_counts(inputs, rows, algo, self.dp)
         plan = plan_micro_batches(mini.lengths, self.config.batching, self.tconfig, "update", self.dp)
 
         def loss(
@@ -207,6 +201,10 @@ class MegatronTrainer:
 
     def join_data_parallel(self) -> None:
         """Nothing to do: megatron's DDP sums over its data-parallel group (`self.dp`) already."""
+
+    def save_adapter(self, directory: object) -> bool:
+        """No adapter: megatron trains every weight (`model.lora` is refused with it)."""
+        return False
 
 
 def _unwrapped(chunk: torch.nn.Module) -> torch.nn.Module:
