@@ -11,9 +11,10 @@ from entrepot.grpo.errors import RewardError, UnknownRewardError
 def test_builtin_verifiers() -> None:
     assert rewards.exact_match(" 62951413 ", "62951413") == 1.0
     assert rewards.gsm8k("so the total is\n#### 1,234", "#### 1234") == 1.0
-    assert rewards.gsm8k("I think 41 or 42", "42") == 1.0
+    assert rewards.gsm8k("I think 41 or 42", "42") == 0.0  # no '####': no credit (see gsm8k_lenient)
+    assert rewards.gsm8k_lenient("I think 41 or 42", "42") == 1.0
     assert rewards.gsm8k("#### 41", "42") == 0.0
-    assert rewards.boxed_math(r"thus \boxed{\frac{1}{2}}", "0.5") in (0.0, 1.0)
+    assert rewards.boxed_math(r"thus \boxed{\frac{1}{2}}", "0.5") == 1.0
     assert rewards.boxed_math(r"thus \boxed{3/6}", "1/2") == 1.0
     assert rewards.boxed_math("no box", "1") == 0.0
     assert rewards.format_reward("#### 7", "") == 1.0 and rewards.format_reward("7", "") == 0.0

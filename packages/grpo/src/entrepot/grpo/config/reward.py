@@ -16,7 +16,10 @@ class RewardConfig:
     verifiers: dict[str, float] = field(
         default_factory=lambda: {"partial_credit": 1.0},
         metadata=doc(
-            "Verifier name -> weight. Built in: exact_match, gsm8k, boxed_math, format, partial_credit."
+            "Verifier name -> weight. Built in: exact_match, gsm8k (the number after '####'; none, 0), "
+            "gsm8k_lenient (gsm8k, or the last number without '####'), boxed_math (the last \\boxed{}), "
+            "format, partial_credit. The math ones compare with math-verify against the gold answer's "
+            "'#### 72', \\boxed{72} or plain 72."
         ),
     )
     custom: dict[str, str] = field(

@@ -2,12 +2,17 @@
 
 Built in:
 - ``exact_match``: 1 if the stripped response equals the answer.
-- ``gsm8k``: the number after the last ``####`` (or, failing that, the last number) equals the answer.
-- ``boxed_math``: the last ``\\boxed{...}`` equals the answer; uses math-verify when installed,
-  otherwise a documented fallback: both sides are compared as numbers (fractions and commas allowed)
-  and, if either is not a number, as whitespace-free strings.
+- ``gsm8k``: the answer after the response's last ``####`` equals the gold answer; no ``####``, 0.
+- ``gsm8k_lenient``: ``gsm8k``, but a response without ``####`` is judged by its last number.
+- ``boxed_math``: the response's last ``\\boxed{...}`` equals the gold answer; no box, 0.
 - ``format``: 1 if the response has a ``####`` answer line or a ``\\boxed{}``, else 0.
 - ``partial_credit``: fraction of answer positions the response gets right (fixed-width answers).
+
+The math verifiers (``gsm8k``, ``gsm8k_lenient``, ``boxed_math``) read the gold answer one way
+(`math_answers.gold_answer`: ``#### 72``, ``\\boxed{72}`` or a plain ``72`` alike) and compare with
+math-verify, so ``\\boxed{\\frac{1}{2}}`` earns full credit against ``0.5`` and ``\\boxed{72}`` against
+a GSM8K solution ending ``#### 72``. A gold answer they cannot read is a `RewardError` naming the
+verifier and the row (`check_gold_answers` finds them before a run).
 
 User verifiers register by name (`register_verifier`) or from the config by dotted path
 (``reward.custom: {mine: "my_pkg.rewards:score"}``).
@@ -17,14 +22,22 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Callable, Mapping, Sequence
-from fractions import Fraction
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from entrepot.grpo.data.math_answers import (
+    LAST_NUMBER,
+    after_marker,
+    gold_answer,
+    last_boxed,
+    response_answer,
+    same_answer,
+)
 from entrepot.grpo.errors import RewardError, UnknownRewardError
 
 __all__ = [
     "Verifier",
     "available_verifiers",
+    "check_gold_answers",
     "get_verifier",
     "register_verifier",
     "resolve_custom",
@@ -83,28 +96,31 @@ def score(responses: Sequence[str], answers: Sequence[str], weights: Mapping[str
     if len(responses) != len(answers):
         raise RewardError(f"{len(responses)} responses but {len(answers)} answers")
     fns = [(get_verifier(name), float(w)) for name, w in weights.items()]
+    check_gold_answers(weights, answers)
     return [sum(w * float(fn(r, a)) for fn, w in fns) for r, a in zip(responses, answers, strict=True)]
+
+
+# The math verifiers, and whether their gold answers must be numbers.
+_GOLD_NUMERIC = {"gsm8k": True, "gsm8k_lenient": True, "boxed_math": False}
+
+
+def check_gold_answers(verifiers: Iterable[str], answers: Sequence[str]) -> None:
+    """Raise `RewardError` naming the verifier and the row if a math verifier in `verifiers` cannot
+    read one of `answers` (rows count from 0); other verifiers take any answer. Each answer is read
+    once (cached), so a scoring step after this check reads nothing again."""
+    for name in verifiers:
+        numeric = _GOLD_NUMERIC.get(name)
+        if numeric is None:
+            continue
+        for row, answer in enumerate(answers):
+            try:
+                gold_answer(answer, numeric=numeric)
+            except RewardError as exc:
+                raise RewardError(f"reward verifier {name!r}, row {row}: {exc}") from None
 
 
 # ----------------------------------------------------------------------------------------------
 # built-in verifiers
-
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
-
-
-def _to_number(text: str) -> Fraction | None:
-    text = text.strip().replace(",", "").replace("$", "").rstrip(".")
-    try:
-        return Fraction(text)
-    except (ValueError, ZeroDivisionError):
-        return None
-
-
-def _same(a: str, b: str) -> bool:
-    na, nb = _to_number(a), _to_number(b)
-    if na is not None and nb is not None:
-        return na == nb
-    return re.sub(r"\s+", "", a) == re.sub(r"\s+", "", b)
 
 
 def exact_match(response: str, answer: str) -> float:
@@ -112,42 +128,31 @@ def exact_match(response: str, answer: str) -> float:
 
 
 def gsm8k(response: str, answer: str) -> float:
-    if "####" in response:
-        found = _NUMBER.findall(response.rsplit("####", 1)[1])
-        candidate = found[0] if found else ""
-    else:
-        numbers = _NUMBER.findall(response)
-        candidate = numbers[-1] if numbers else ""
-    reference = answer.rsplit("####", 1)[-1]
-    return float(bool(candidate) and _same(candidate, reference))
+    """1 if the answer after the response's last ``####`` equals the gold answer; no ``####``, 0."""
+    span = after_marker(response)
+    return _math_score(span, answer) if span is not None else 0.0
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` in `text` (nested braces allowed), or None."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth, i = 0, start + len("\\boxed")
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i + 1 : j]
-    return None
+def gsm8k_lenient(response: str, answer: str) -> float:
+    """`gsm8k`, but a response without ``####`` is judged by its last number (a random model scores a
+    few percent this way: use it for eval of models not trained on the ``####`` format, not as a reward)."""
+    span = after_marker(response)
+    if span is None:
+        numbers = LAST_NUMBER.findall(response)
+        span = numbers[-1] if numbers else ""
+    return _math_score(span, answer)
+
+
+def _math_score(span: str, answer: str) -> float:
+    return float(same_answer(gold_answer(answer, numeric=True), response_answer(span)))
 
 
 def boxed_math(response: str, answer: str) -> float:
+    """1 if the response's last ``\\boxed{...}`` equals the gold answer (math-verify); no box, 0."""
     boxed = last_boxed(response)
     if boxed is None:
         return 0.0
-    reference = last_boxed(answer) or answer
-    try:
-        from math_verify import parse, verify
-    except ImportError:
-        return float(_same(boxed, reference))
-    return float(verify(parse(f"${reference}$"), parse(f"${boxed}$")))
+    return float(same_answer(gold_answer(answer), response_answer(boxed, latex=True)))
 
 
 def format_reward(response: str, answer: str) -> float:
@@ -165,6 +170,7 @@ def partial_credit(response: str, answer: str) -> float:
 for _name, _fn in {
     "exact_match": exact_match,
     "gsm8k": gsm8k,
+    "gsm8k_lenient": gsm8k_lenient,
     "boxed_math": boxed_math,
     "format": format_reward,
     "partial_credit": partial_credit,

@@ -111,7 +111,8 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
     budgets (`entrepot.grpo.data.checks.check_task_fits`), imports the custom verifiers, loads the
     model directory's config and tokenizer (not its weights), checks its shape against the parallel
     layout, the longest sequence and the tokenizer, checks the reference directory and the
-    reward-model directories (configs and tokenizers), and reads the prompt files. With `every_prompt`
+    reward-model directories (configs and tokenizers), reads the prompt files and reads every gold
+    answer the way the math verifiers will (`rewards.check_gold_answers`). With `every_prompt`
     (``rl grpo config validate``) every prompt is also encoded, so one too long for
     ``data.max_prompt_tokens`` is found before a run, not at the step that draws it.
     """
@@ -145,8 +146,11 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
     from entrepot.grpo.data.sources import FileDataset, build_task, encode_prompt
 
     setup = build_task(config, tokenizer)  # reads and checks both prompt files
+    assert isinstance(setup.source, FileDataset)  # data.task is jsonl or parquet
+    # every gold answer is readable by every math verifier (a RewardError naming the row otherwise)
+    verifiers = [*config.reward.verifiers, config.reward.accuracy_verifier]
+    rewards.check_gold_answers(verifiers, [s.answer for s in setup.source.samples()])
     if every_prompt:
-        assert isinstance(setup.source, FileDataset)  # data.task is jsonl or parquet
         for sample in setup.source.samples():
             encode_prompt(setup, sample.prompt, config.data.max_prompt_tokens)
 
