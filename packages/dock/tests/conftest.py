@@ -1,45 +1,24 @@
-"""Shared fixtures: small docks and a snapshot helper to assert that failed calls change nothing."""
+"""Shared fixtures: small docks, a snapshot helper to assert that failed calls change nothing, a Ray."""
 
 from __future__ import annotations
 
 import gc
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+sys.path.insert(0, str(Path(__file__).parent))  # the tests_support_* helpers
+
+from tests_support_bad_inputs import assert_same_state, dock_snapshot
+
 from entrepot.dock import ColumnSpec, ExperienceDock
 
 torch.set_num_threads(1)
-
-
-def dock_snapshot(dock: ExperienceDock) -> dict[str, Any]:
-    """Everything observable about a dock's rows and statuses (state_dict without counters)."""
-    state = dock.state_dict()
-    for key in ("counts", "rows_got", "wait_s", "bytes_got"):
-        state.pop(key)
-    return state
-
-
-def assert_same_state(a: dict[str, Any], b: dict[str, Any]) -> None:
-    assert a.keys() == b.keys()
-    for key in a:
-        if isinstance(a[key], torch.Tensor):
-            assert torch.equal(a[key], b[key]), key
-        elif key == "columns":
-            assert a[key].keys() == b[key].keys()
-            for name, col in a[key].items():
-                for field, value in col.items():
-                    if isinstance(value, torch.Tensor):
-                        assert torch.equal(value, b[key][name][field]), (name, field)
-                    else:
-                        assert value == b[key][name][field]
-        elif key == "generators":
-            assert all(torch.equal(x, y) for x, y in zip(a[key], b[key], strict=True))
-        else:
-            assert a[key] == b[key], key
 
 
 @pytest.fixture

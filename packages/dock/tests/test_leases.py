@@ -6,12 +6,13 @@ import math
 import random
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 import torch
 
 import entrepot.dock._dock as dock_module
-from entrepot.dock import ExperienceDock, InvalidArgumentError, LeaseError
+from entrepot.dock import ExperienceDock, InvalidArgumentError, Lease, LeaseError
 
 
 def _dock(rows: int = 8) -> ExperienceDock:
@@ -103,6 +104,42 @@ def test_clear_ends_leases_and_bad_arguments_are_refused():
         dock.get("a", ["x"], 4, lease_key="k")
 
 
+def test_a_lease_is_bound_to_its_consumer_and_to_the_dock_that_issued_it():
+    """A relabelled ack once settled a's lease as b's: a got its rows twice and b never. Now an ack,
+    put or release naming a lease this dock did not issue as it is raises and changes nothing."""
+    dock = _dock()
+    held = dock.get("a", ["x"], 4, lease=math.inf)
+    assert held is not None and held.lease is not None
+    before = dock.state_dict(), dock.metrics()
+    other_dock = _dock()
+    elsewhere = other_dock.get("a", ["x"], 4, lease=math.inf)
+    assert elsewhere is not None and elsewhere.lease is not None and elsewhere.lease.id != held.lease.id
+    forged = [
+        replace(held.lease, consumer="b"),  # relabelled to another consumer
+        Lease(held.lease.id, "a", math.inf),  # the id alone, guessed from the counter
+        replace(held.lease, token=held.lease.token[::-1]),  # a made-up token
+        replace(held.lease, seconds=1.0),  # altered
+        replace(elsewhere.lease, id=held.lease.id),  # another dock's, with this dock's id
+    ]
+    for lease in forged:
+        with pytest.raises(LeaseError, match="did not issue it as given"):
+            dock.ack(lease)
+        with pytest.raises(LeaseError, match="did not issue it as given"):
+            dock.put({"y": torch.ones(4)}, held.indexes, ack=lease)
+        with pytest.raises(LeaseError, match="did not issue it as given"):
+            dock.release(lease)
+    assert torch.equal(dock.state_dict()["consumed"], before[0]["consumed"]) and dock.metrics() == before[1]
+    assert dock.get("b", ["x"], 8) is not None  # b receives all 8 rows: none was settled as b's
+    rest = dock.get("a", ["x"], 8)
+    assert rest is not None and rest.indexes.tolist() == [4, 5, 6, 7]  # a never receives its 4 rows twice
+    dock.ack(held.lease)  # the genuine lease still works, once
+    assert dock.release(held.lease) == 0  # settled: nothing left to hand back (idempotent)
+    with pytest.raises(LeaseError, match="expired, was released or acked"):
+        dock.ack(held.lease)
+    assert dock.get("a", ["x"], 8) is None
+    assert len(held.lease.token) == 64 and held.lease.token not in repr(held.lease)
+
+
 @pytest.mark.parametrize("lease", [None, math.inf])
 def test_a_get_that_fails_after_picking_rows_takes_nothing(monkeypatch, lease):
     dock = _dock()
@@ -115,6 +152,9 @@ def test_a_get_that_fails_after_picking_rows_takes_nothing(monkeypatch, lease):
         with pytest.raises(MemoryError):
             dock.get("a", ["x"], 8, lease=lease)
     assert dock.progress("a") == {"consumed": 0, "live": 8}
+    metrics = dock.metrics()  # the failed get left no trace: it did not happen
+    assert metrics["dock/gets"] == 0 and metrics["dock/rows_got/a"] == 0 and metrics["dock/bytes_got/a"] == 0
+    assert metrics["dock/rows_returned/a"] == 0 and metrics["dock/rows_leased/a"] == 0
     batch = dock.get("a", ["x"], 8)
     assert batch is not None and torch.equal(batch.indexes, torch.arange(8))
 
@@ -123,7 +163,9 @@ def test_exactly_once_with_consumers_dying_at_random_points():
     """6 consumer threads on 2 consumers over 20,000 rows; each get dies (no ack) with probability 0.1.
 
     A death is a get whose rows are never acked (the thread goes on as a fresh consumer); its rows
-    come back when the lease expires. Every row must be acked exactly once per consumer, 0 lost.
+    come back when the lease expires. Before acking, one get in five also tries a relabelled ack (its
+    lease as the other consumer's) and a forged one (its id with a made-up token): both must be
+    refused. Every row must be acked exactly once per consumer, 0 lost.
     """
     num_rows, consumers = 20_000, ["ref", "train"]
     dock = ExperienceDock(num_rows, columns=["id", "x", "out_ref"], consumers=consumers)
@@ -132,6 +174,7 @@ def test_exactly_once_with_consumers_dying_at_random_points():
     acked: dict[str, list[int]] = {name: [] for name in consumers}
     deaths = {name: 0 for name in consumers}
     refused = {name: 0 for name in consumers}
+    forgeries = {name: 0 for name in consumers}  # relabelled and forged acks tried, each refused
     errors: list[BaseException] = []
     lock = threading.Lock()
 
@@ -154,6 +197,16 @@ def test_exactly_once_with_consumers_dying_at_random_points():
                     with lock:
                         deaths[name] += 1
                     continue
+                if rng.random() < 0.2:  # another consumer's ack of these rows, or a forged one
+                    other = consumers[1 - consumers.index(name)]
+                    for fake in (replace(batch.lease, consumer=other), replace(batch.lease, token="0" * 64)):
+                        try:
+                            dock.ack(fake)
+                        except LeaseError:
+                            with lock:
+                                forgeries[name] += 1
+                        else:
+                            raise AssertionError(f"a forged ack {fake} was accepted")
                 try:
                     if name == "ref":  # outputs and ack in one call
                         dock.put({"out_ref": batch.indexes.float()}, batch.indexes, ack=batch.lease)
@@ -183,9 +236,10 @@ def test_exactly_once_with_consumers_dying_at_random_points():
         got = torch.tensor(acked[name])
         assert got.numel() == num_rows, f"{name}: {num_rows - got.numel()} rows lost or duplicated"
         assert torch.equal(got.sort().values, torch.arange(num_rows)), f"{name}: a row acked twice"
-        assert deaths[name] > 0
+        assert deaths[name] > 0 and forgeries[name] > 0
     ref = dock.peek(["out_ref"], torch.arange(num_rows))
     assert torch.equal(ref.data["out_ref"], torch.arange(num_rows).float())
     print(
-        f"rows {num_rows} x {len(consumers)} consumers, deaths {deaths}, late acks refused {refused}, lost 0"
+        f"rows {num_rows} x {len(consumers)} consumers, deaths {deaths}, late acks refused {refused}, "
+        f"forged acks refused {forgeries}, lost 0"
     )

@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 from tensordict import TensorDict
+from tests_support_bad_inputs import assert_same_state
 
 from entrepot.dock import (
     ColumnLayoutError,
     ColumnSpec,
     DockError,
+    DockMemoryError,
     DuplicateIndexError,
     ExperienceDock,
     IndexOutOfRangeError,
@@ -194,3 +196,26 @@ def test_declared_spec_fixed_up_front():
     dock = ExperienceDock(2, columns={"x": ColumnSpec(torch.float32, scalar=True)}, consumers=["c"])
     dock.put({"x": torch.tensor([1, 2], dtype=torch.int16)}, [0, 1])  # int16 fits float32 exactly
     assert dock.peek(["x"], [0, 1]).data["x"].dtype == torch.float32
+
+
+@pytest.mark.parametrize("grown", [False, True])
+def test_a_put_whose_last_column_gets_no_memory_leaves_the_dock_byte_identical(grown):
+    """Three columns; the last one's rows need 1 PiB (a stride-0 view: the caller holds 8 bytes).
+
+    Before, its first two cells were marked ready and a get delivered tok[40] = [0, 0, 0], never
+    written. Now every column's memory is allocated before any cell changes. `grown`: the sequence
+    columns already hold rows, so the put would add a segment to each (else it makes the stores).
+    """
+    dock = ExperienceDock(64, columns=["score", "logp", "tok"], consumers=["c"])
+    if grown:
+        dock.put({"logp": [torch.ones(5000)], "tok": [torch.arange(5000)], "score": torch.ones(1)}, [0])
+    before = dock.state_dict(), dock.metrics()
+    huge = torch.zeros(1, dtype=torch.int64).expand(2**47)
+    data = {"score": torch.tensor([0.5]), "logp": [torch.ones(3)], "tok": [huge]}
+    with pytest.raises(DockMemoryError, match=f"column 'tok': its rows need {2**50} bytes") as raised:
+        dock.put(data, [40])
+    assert isinstance(raised.value, MemoryError) and raised.value.__cause__ is not None
+    assert_same_state(before[0], dock.state_dict())
+    assert dock.metrics() == before[1]
+    batch = dock.get("c", ["score", "logp"], 2, min_count=1, timeout=0)  # row 40 is not there to get
+    assert (batch is None) if not grown else batch.indexes.tolist() == [0]

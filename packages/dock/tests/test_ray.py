@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import pytest
@@ -13,6 +14,7 @@ ray = pytest.importorskip("ray")
 from entrepot.dock import (  # noqa: E402
     DockClient,
     DockError,
+    DockShardLostError,
     DockStateError,
     ExperienceDock,
     GRPODock,
@@ -292,3 +294,27 @@ def test_a_client_pickled_into_a_task_opens_its_own_channel():
     assert client.get("c", ["x", "id"], 64) is not None and client.channel_gets == 1
     seen, channel_gets = ray.get(_large_gets.remote(client, 64))
     assert sorted(seen) == list(range(64, 256)) and channel_gets == 2  # its 1st get came through Ray
+
+
+def test_a_dead_dock_actor_is_named_with_its_node_and_address():
+    """Before, a dead actor surfaced as Ray's error alone (entrepot-grpo then blamed the worker that
+    called it). Now every call names the dock's actor and its node; a client made from the bare
+    handle, which does not know the node, names the address Ray reports."""
+    client = RayDockClient.launch(ExperienceDock, capacity=4, columns=["x"], consumers=["c"])
+    node_id = ray.get_runtime_context().get_node_id()
+    address = ray.util.get_node_ip_address()
+    assert client.node == f"{address} (id {node_id[:12]})"
+    client.put({"x": torch.arange(4)}, torch.arange(4))
+    bare = RayDockClient(client.actor)
+    ray.kill(client.actor)
+    for call in (
+        lambda: client.get("c", ["x"], 4),
+        lambda: client.progress("c"),
+        lambda: client.put({"x": torch.ones(1)}, [0]),
+    ):
+        with pytest.raises(
+            DockShardLostError, match=rf"dock's actor on node {re.escape(client.node)} is lost"
+        ):
+            call()
+    with pytest.raises(DockShardLostError, match=rf"dock's actor on node {re.escape(address)}"):
+        bare.progress("c")

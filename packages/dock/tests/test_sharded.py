@@ -27,6 +27,7 @@ from entrepot.dock import (  # noqa: E402
     Padding,
     UnknownColumnError,
 )
+from entrepot.dock._checks import get_request  # noqa: E402
 from entrepot.dock.sharded import ShardedDockClient  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -230,14 +231,17 @@ def test_a_get_takes_rows_of_its_own_nodes_shards_first():
     kinds = {"prompts": (torch.int64, False)}
     controller.prepare_put(kinds, rows, None)
     controller.commit_put({"prompts": torch.full((12,), 3)}, rows, None, None, False)
-    take = controller.take
-    b = take("actor_rollout", ["prompts"], 4, {}, "node-b")[0]
+
+    def take(consumer: str, columns: list[str], count: int, node: str) -> torch.Tensor:
+        return controller.take(get_request(consumer, columns, count), node)[0]
+
+    b = take("actor_rollout", ["prompts"], 4, "node-b")
     assert b.tolist() == [4, 5, 6, 7]  # node B's shards hold rows 4-11: its first free groups
-    assert take("actor_rollout", ["prompts"], 4, {}, "node-a")[0].tolist() == [0, 1, 2, 3]  # shard 0
-    assert take("actor_rollout", ["prompts"], 4, {}, "node-a")[0].tolist() == [
+    assert take("actor_rollout", ["prompts"], 4, "node-a").tolist() == [0, 1, 2, 3]  # shard 0
+    assert take("actor_rollout", ["prompts"], 4, "node-a").tolist() == [
         8,
         9,
         10,
         11,
     ]  # A has none left
-    assert take("ref_log_prob", ["prompts"], 12, {}, "node-c")[0].tolist() == list(range(12))  # no shard on C
+    assert take("ref_log_prob", ["prompts"], 12, "node-c").tolist() == list(range(12))  # no shard on C

@@ -1,15 +1,14 @@
-"""Parity: the same calls on one dock and on a sharded dock give the same results, errors and state.
+"""Parity: the same calls on one dock, a Ray dock and a sharded dock give the same results, errors, state.
 
-Each test drives a `Twin`: every call runs on a one-process dock, then on a `ShardedDockClient` built
-with the same arguments; results (indexes, data, lengths, ages, leases), errors (type and message)
-and afterwards every status bitmap, the learned column dtypes and the metrics must be equal.
+Each test drives a `Trio` (tests_support_parity): every call runs on a one-process dock, then on a
+`RayDockClient` and a `ShardedDockClient` built with the same arguments; results (indexes, data,
+lengths, ages, leases), errors (type and message) and afterwards the state must be equal. The
+bad-input catalogue (tests_support_bad_inputs) runs here on all three.
 """
 
 from __future__ import annotations
 
 import math
-import re
-import sys
 import time
 from typing import Any
 
@@ -18,9 +17,11 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+from tests_support_bad_inputs import CATALOGUE, DOCK_KWARGS, prepare  # noqa: E402
+from tests_support_parity import Each, Trio, each, launch_trio, run_catalogue  # noqa: E402
+
 from entrepot.dock import (  # noqa: E402
     AlreadyConsumedError,
-    Batch,
     ColumnLayoutError,
     DockConfigError,
     DockFullError,
@@ -40,143 +41,35 @@ from entrepot.dock import (  # noqa: E402
     UnknownColumnError,
     UnknownConsumerError,
 )
-from entrepot.dock.sharded import ShardedDockClient  # noqa: E402
-
-ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-STATUSES = ("ready", "consumed", "live", "age", "completed", "born")
-UNCOMPARED_METRICS = ("dock/bytes_allocated", "dock/shards")  # and dock/wait_s/* (timing)
-
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("local_ray")]  # a Ray of 2 CPUs (conftest)
 
 
-class Each(tuple):
-    """One value per dock (the one dock's, then the sharded one's); attributes map over both.
-
-    Passed as an argument to a `Twin` call, each dock gets its own value (e.g. its own lease).
-    """
-
-    def __getattr__(self, name: str) -> Each:
-        return Each(getattr(value, name) for value in self)
-
-
-def _message(error: BaseException) -> str:
-    """The error's message; lease ids differ between the docks (each process counts its own)."""
-    return re.sub(r"lease \d+", "lease <id>", str(error))
-
-
-def _same(one: Any, sharded: Any, what: str) -> None:
-    if isinstance(one, Batch):
-        assert isinstance(sharded, Batch), what
-        assert one.indexes.tolist() == sharded.indexes.tolist(), f"{what}: indexes"
-        assert one.ages.tolist() == sharded.ages.tolist(), f"{what}: ages"
-        assert one.layout == sharded.layout
-        assert set(one.data.keys()) == set(sharded.data.keys()), f"{what}: columns"
-        for name in one.data.keys():  # noqa: SIM118 - a TensorDict iterates over rows
-            a, b = one.data[name], sharded.data[name]
-            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), f"{what}: column {name}"
-        assert one.lengths.keys() == sharded.lengths.keys(), f"{what}: lengths"
-        for name, lengths in one.lengths.items():
-            assert torch.equal(lengths, sharded.lengths[name]), f"{what}: lengths of {name}"
-        assert (one.lease is None) == (sharded.lease is None), f"{what}: lease"
-        if one.lease is not None:
-            assert (one.lease.consumer, one.lease.seconds, one.lease.key) == (
-                sharded.lease.consumer, sharded.lease.seconds, sharded.lease.key,
-            ), f"{what}: lease"  # fmt: skip
-    elif isinstance(one, torch.Tensor):
-        assert isinstance(sharded, torch.Tensor) and one.dtype == sharded.dtype, what
-        assert torch.equal(one, sharded), f"{what}: {one.tolist()} != {sharded.tolist()}"
-    else:
-        assert one == sharded, f"{what}: {one!r} != {sharded!r}"
-
-
-class Twin:
-    """A one-process dock and a sharded dock built alike, driven by the same calls."""
-
-    def __init__(self, one: ExperienceDock, sharded: ShardedDockClient) -> None:
-        self.one = one
-        self.sharded = sharded
-
-    def __call__(self, method: str, *args: Any, **kwargs: Any) -> Each:
-        """Run `method` on both docks; assert equal results (or errors) and equal state after.
-
-        Returns both results (an `Each`); re-raises the error both docks raised.
-        """
-        outcomes: list[tuple[Any, BaseException | None]] = []
-        for i, dock in enumerate((self.one, self.sharded)):
-            mine = [arg[i] if isinstance(arg, Each) else arg for arg in args]
-            named = {key: arg[i] if isinstance(arg, Each) else arg for key, arg in kwargs.items()}
-            try:
-                outcomes.append((getattr(dock, method)(*mine, **named), None))
-            except Exception as error:
-                outcomes.append((None, error))
-        (one, one_error), (sharded, sharded_error) = outcomes
-        what = f"{method}{args}"
-        if one_error is not None or sharded_error is not None:
-            assert type(one_error) is type(sharded_error), (
-                f"{what}: one dock raised {one_error!r}, the sharded dock {sharded_error!r}"
-            )
-            assert _message(one_error) == _message(sharded_error), what
-        else:
-            _same(one, sharded, what)
-        self.check_state(what)
-        if one_error is not None:
-            raise one_error
-        return Each((one, sharded))
-
-    def check_state(self, what: str = "") -> None:
-        """Every status bitmap, the learned column kinds and the metrics are equal in both docks."""
-        one = self.one.state_dict()
-        ledger, kinds = self.sharded._router.call("state")
-        for key in STATUSES:
-            assert torch.equal(one[key], ledger[key]), f"after {what}: {key}"
-        assert one["policy_version"] == ledger["policy_version"], f"after {what}: policy_version"
-        for a, b in zip(one["generators"], ledger["generators"], strict=True):
-            assert torch.equal(a, b), f"after {what}: random sampler state"
-        learned = {name: store.dtype for name, store in self.one._table.stores.items() if store is not None}
-        assert learned == {name: dtype for name, (dtype, _) in kinds.items()}, f"after {what}: column dtypes"
-        metrics = [self.one.metrics(), self.sharded.metrics()]
-        for m in metrics:
-            for key in [key for key in m if key in UNCOMPARED_METRICS or key.startswith("dock/wait_s/")]:
-                del m[key]
-        assert metrics[0] == metrics[1], f"after {what}: metrics"
-
-
-def _twin(dock_cls: type[ExperienceDock], shards: int, **kwargs: Any) -> Any:
-    sharded = ShardedDockClient.launch(dock_cls, shards=shards, num_cpus=0, **kwargs)
-    yield Twin(dock_cls(**kwargs), sharded)
-    sharded.close()
-
-
-# Launching a sharded dock starts a worker process per actor (seconds each on a small machine), so the
-# tests share two twins; each test starts from a `reset` (itself compared on both docks).
+# Launching a dock actor starts a worker process per actor (seconds each on a small machine), so the
+# tests share two trios; each test starts from a `reset` (itself compared on every dock).
 @pytest.fixture(scope="module")
 def _plain(local_ray: None) -> Any:
-    """16 rows in groups of 2 over 3 shards; no partial rollout."""
-    yield from _twin(
-        ExperienceDock, 3, capacity=16, n_samples_per_prompt=2, columns=["x", "y", "s"],
-        consumers=["a", "b", "c", "d"],
-    )  # fmt: skip
+    """16 rows in groups of 2 over 3 shards; no partial rollout (the catalogue's DOCK_KWARGS)."""
+    yield from launch_trio(ExperienceDock, 3, **DOCK_KWARGS)
 
 
 @pytest.fixture(scope="module")
 def _grpo(local_ray: None) -> Any:
     """4 prompt groups of 2 over 2 shards, partial rollout (max_age 3, max_staleness 1)."""
-    yield from _twin(
+    yield from launch_trio(
         GRPODock, 2, prompts_num=4, n_samples_per_prompt=2, max_age=3, max_staleness=1,
         extra_columns=["answer", "tag"], extra_consumers=["judge"],
     )  # fmt: skip
 
 
 @pytest.fixture
-def plain(_plain: Twin) -> Twin:
+def plain(_plain: Trio) -> Trio:
     _plain("reset")
     return _plain
 
 
 @pytest.fixture
-def grpo(_grpo: Twin) -> Twin:
+def grpo(_grpo: Trio) -> Trio:
     _grpo("reset")
     return _grpo
 
@@ -205,7 +98,7 @@ def test_balanced_and_random_samplers_pick_and_order_rows_as_one_dock(plain):
     dock("get", "d", ["x"], 2, sampler=Sampler(kind="random"), groups=True)
     for _ in range(2):
         dock("get", "d", ["x", "s"], 3, sampler=Sampler(kind="random"), min_count=1)
-    assert dock("get", "d", ["x"], 2, sampler=Sampler(kind="random")) == (None, None)
+    assert dock("get", "d", ["x"], 2, sampler=Sampler(kind="random")) == each(None)
 
 
 # ---------------------------------------------------------------------- leases
@@ -216,10 +109,10 @@ def test_lease_key_retries_release_and_acking_puts(plain):
     dock("put", {"x": _seqs([1, 2, 3, 4, 5, 6, 7, 8])}, range(8))
     first = dock("get", "a", ["x"], 4, lease=60, lease_key="task-7")
     retry = dock("get", "a", ["x"], 4, lease=60, lease_key="task-7")  # a retried task: the same rows
-    assert retry.lease[0] == first.lease[0] and retry.lease[1] == first.lease[1]
+    assert all(a == b for a, b in zip(retry.lease, first.lease, strict=True))
     other = dock("get", "a", ["x"], 4, lease=60, lease_key="task-8")
-    assert dock("release", other.lease) == (4, 4)
-    assert dock("release", other.lease) == (0, 0)  # idempotent
+    assert dock("release", other.lease) == each(4)
+    assert dock("release", other.lease) == each(0)  # idempotent: a settled lease the dock issued
     again = dock("get", "a", ["x"], 4, lease=60, lease_key="task-8")  # released: taken anew
     assert again.indexes[0].tolist() == [4, 5, 6, 7]
     dock("ack", retry.lease, [0, 1])  # part of a lease
@@ -228,7 +121,7 @@ def test_lease_key_retries_release_and_acking_puts(plain):
     partial = dock("get", "a", ["x"], 4, lease=60, lease_key="task-7")  # the rows it still holds
     assert partial.indexes[0].tolist() == [2, 3]
     dock("put", {"y": torch.ones(2)}, [2, 3], ack=retry.lease)
-    assert dock("get", "a", ["x"], 4, lease=60, lease_key="task-7") == (None, None)  # done
+    assert dock("get", "a", ["x"], 4, lease=60, lease_key="task-7") == each(None)  # done
     with pytest.raises(LeaseError, match="does not hold row 3"):
         dock("put", {"y": torch.ones(2)}, [3, 4], ack=again.lease)
     dock("put", {"y": torch.ones(4)}, [4, 5, 6, 7], ack=again.lease)
@@ -238,7 +131,7 @@ def test_lease_key_retries_release_and_acking_puts(plain):
         dock("get", "b", ["x"], 4, lease_key="k")
     with pytest.raises(InvalidArgumentError, match="lease must be"):
         dock("get", "b", ["x"], 4, lease=0)
-    assert dock("all_consumed", "a") == (True, True)
+    assert dock("all_consumed", "a") == each(True)
     dock("clear")
     dock("put", {"x": _seqs([2] * 8)}, range(8))
     reused = dock("get", "a", ["x"], 4, lease=60, lease_key="task-7")  # a new iteration reuses keys
@@ -256,13 +149,13 @@ def test_expired_leases_give_rows_back_and_a_stale_acking_put_stores_nothing(pla
     with pytest.raises(LeaseError):
         dock("put", {"y": torch.ones(8)}, range(8), ack=dead.lease)
     dock("put", {"y": torch.arange(8)}, range(8), ack=late.lease)
-    assert dock("progress", "a") == ({"consumed": 8, "live": 8},) * 2
+    assert dock("progress", "a") == each({"consumed": 8, "live": 8})
 
 
 # ---------------------------------------------------------------------- partial rollout
 
 
-def _rollout(dock: Twin, finished: set[int], lease: float | None = None) -> Each:
+def _rollout(dock: Trio, finished: set[int], lease: float | None = None) -> Each:
     batch = dock("get", "actor_rollout", ["prompts"], 8, groups=False, min_count=1, lease=lease)
     rows = batch.indexes[0]
     responses = [torch.full((int(r) % 3 + 1,), int(r)) for r in rows]
@@ -281,9 +174,9 @@ def test_partial_rollout_keeps_unfinished_groups_ages_them_and_max_age(grpo):
     assert dock("finished_rows")[0].tolist() == [0, 1, 6, 7]
     got = dock("get", "actor_train", ["responses", "prompts"], 8, min_count=2, timeout=5)
     assert got.indexes[0].tolist() == [0, 1, 6, 7]
-    assert dock("get", "actor_train", ["responses"], 2, timeout=5) == (None, None)
+    assert dock("get", "actor_train", ["responses"], 2, timeout=5) == each(None)
     dock("clear")  # groups 1 and 2 stay, one clear older; only their unfinished rows go back
-    assert dock("progress", "actor_train") == ({"consumed": 0, "live": 4},) * 2
+    assert dock("progress", "actor_train") == each({"consumed": 0, "live": 4})
     carried = _rollout(dock, finished={3}, lease=math.inf)
     assert carried.indexes[0].tolist() == [3, 4] and carried.ages[0].tolist() == [1, 1]
     dock("peek", ["prompts", "responses"], [2, 3, 4, 5], layout="packed")
@@ -310,8 +203,8 @@ def test_set_policy_version_drops_stale_groups(grpo):
     assert dock("put_prompts", prompts[:2])[0].tolist() == [4, 5, 6, 7]
     _rollout(dock, finished=set())  # groups 2 and 3 born at 5
     dock("clear")
-    assert dock("set_policy_version", 6) == (4, 4)  # groups 0 and 1 are 2 versions old: dropped
-    assert dock("progress", "actor_rollout") == ({"consumed": 0, "live": 4},) * 2
+    assert dock("set_policy_version", 6) == each(4)  # groups 0 and 1 are 2 versions old: dropped
+    assert dock("progress", "actor_rollout") == each({"consumed": 0, "live": 4})
     with pytest.raises(InvalidArgumentError, match="policy version"):
         dock("set_policy_version", 5)
     with pytest.raises(InvalidArgumentError, match="policy version"):
@@ -319,8 +212,8 @@ def test_set_policy_version_drops_stale_groups(grpo):
     with pytest.raises(NotReadyError, match="row 0 of column 'prompts'"):
         dock("peek", ["prompts"], [0])
     assert dock("put_prompts", prompts[:2])[0].tolist() == [0, 1, 2, 3]
-    assert dock("set_policy_version", 7) == (4, 4)  # groups 2 and 3 (born at 5) are 2 versions old
-    assert dock.one.metrics()["dock/rows_stale"] == dock.sharded.metrics()["dock/rows_stale"] == 8
+    assert dock("set_policy_version", 7) == each(4)  # groups 2 and 3 (born at 5) are 2 versions old
+    assert [dock.metrics()["dock/rows_stale"] for dock in dock.docks] == [8, 8, 8]
 
 
 # ---------------------------------------------------------------------- prompts
@@ -383,7 +276,7 @@ def test_reset_forgets_rows_leases_and_learned_dtypes(plain):
     assert dock("peek", ["x", "s"], [5, 4]).data[0]["x"].dtype == torch.int8
     again = dock("get", "c", ["x", "s"], 2, sampler=Sampler(kind="random"), timeout=5)
     assert again.indexes[0].tolist() == [4, 5]
-    assert dock("all_consumed", "c") == (True, True)
+    assert dock("all_consumed", "c") == each(True)
 
 
 # ---------------------------------------------------------------------- explicit indexes, errors
@@ -413,7 +306,7 @@ def test_explicit_indexes_already_consumed_and_group_size_errors(plain):
         dock("peek", ["x", "s"], [], layout=layout)
     got = dock("get", "c", ["x"], 4, groups=True, padding=Padding(value=-1, multiple=4))  # whole groups only
     assert got.indexes[0].tolist() == [0, 1, 6, 7]
-    assert dock("progress", "c") == ({"consumed": 7, "live": 12},) * 2
+    assert dock("progress", "c") == each({"consumed": 7, "live": 12})
 
 
 def test_failed_puts_and_gets_change_nothing(grpo):
@@ -464,7 +357,7 @@ def test_failed_puts_and_gets_change_nothing(grpo):
         dock("peek", "prompts", [0])
     with pytest.raises(NotReadyError, match="row 0 of column 'responses'"):
         dock("peek", ["prompts", "responses"], [0, 1])
-    assert dock("progress", "judge") == ({"consumed": 0, "live": 8},) * 2
+    assert dock("progress", "judge") == each({"consumed": 0, "live": 8})
     dock("get", "judge", ["prompts", "tag", "rm_scores", "old_log_prob"], 4, indexes=[1])
 
 
@@ -473,3 +366,47 @@ def test_completed_needs_partial_rollout(plain):
         plain("put", {"x": torch.ones(2)}, [0, 1], completed=[True, True])
     with pytest.raises(DockConfigError, match="rollout_consumer"):
         plain("put", {"x": torch.ones(0)}, [], completed=[])
+
+
+# ---------------------------------------------------------------------- one behaviour on every client
+
+
+def test_the_bad_input_catalogue_on_every_client(plain):
+    """Every case of the catalogue (tests_support_bad_inputs) on one dock, the Ray dock and the sharded
+    dock: the same typed error naming the argument, the same message, and every dock as it was."""
+    tally, problems = run_catalogue(plain, prepare(plain))
+    print(f"\nbad-input catalogue, {len(CATALOGUE)} cases: {tally}")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("lease", [None, math.inf])
+def test_a_get_that_fails_in_the_client_after_the_take_gives_its_rows_back(plain, monkeypatch, lease):
+    """The batch cannot be laid out (no memory) where the get runs: in this process for every client,
+    after the Ray actor or the sharded dock's controller took the rows. The rows go back, the metrics
+    count no get, and the next get takes them."""
+    import entrepot.dock._dock as one_module
+    import entrepot.dock._ray_client as ray_module
+    import entrepot.dock._sharded_client as sharded_module
+
+    dock = plain
+    dock("put", {"x": [torch.arange(n + 1) for n in range(8)]}, range(8))
+
+    def no_memory(*args: Any, **kwargs: Any) -> Any:
+        raise MemoryError("no memory for the batch")
+
+    with monkeypatch.context() as patch:
+        for module in (one_module, ray_module, sharded_module):
+            patch.setattr(module, "build_batch", no_memory)
+        with pytest.raises(MemoryError):
+            dock("get", "a", ["x"], 4, lease=lease)
+    assert dock("progress", "a") == each({"consumed": 0, "live": 8})
+    for key in (
+        "dock/gets",
+        "dock/rows_got/a",
+        "dock/bytes_got/a",
+        "dock/rows_leased/a",
+        "dock/rows_returned/a",
+    ):
+        assert [d.metrics()[key] for d in dock.docks] == [0, 0, 0], key
+    again = dock("get", "a", ["x"], 4, lease=lease)
+    assert again.indexes[0].tolist() == [0, 1, 2, 3]

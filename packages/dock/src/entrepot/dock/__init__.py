@@ -15,10 +15,12 @@ from entrepot.dock._dispatch import dispatch_get
 from entrepot.dock._dock import ExperienceDock
 from entrepot.dock._errors import (
     AlreadyConsumedError,
+    ArgumentTypeError,
     ColumnLayoutError,
     DockConfigError,
     DockError,
     DockFullError,
+    DockMemoryError,
     DockShardLostError,
     DockStateError,
     DockTimeout,
@@ -44,6 +46,7 @@ __all__ = [
     "GRPO_COLUMNS",
     "GRPO_CONSUMERS",
     "AlreadyConsumedError",
+    "ArgumentTypeError",
     "Batch",
     "ColumnLayoutError",
     "ColumnSpec",
@@ -51,6 +54,7 @@ __all__ = [
     "DockConfigError",
     "DockError",
     "DockFullError",
+    "DockMemoryError",
     "DockShardLostError",
     "DockStateError",
     "DockTimeout",

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
+from entrepot.dock._checks import check_lease, check_rows, index_tensor
 from entrepot.dock._errors import LeaseError
-from entrepot.dock._inputs import as_index_tensor
 from entrepot.dock._leases import Lease
 from entrepot.dock._table import DockTable
 
@@ -22,18 +22,27 @@ def ack(t: DockTable, lease: Lease, indexes: Sequence[int] | torch.Tensor | None
     """Mark the rows `lease` holds (or `indexes` of them) consumed: they will not come back.
 
     Raises:
-        LeaseError: the lease expired, was released or acked, or does not hold a named row.
+        LeaseError: this dock did not issue the lease as given, or it expired, was released or
+            acked, or does not hold a named row.
     """
-    rows = None if indexes is None else as_index_tensor(indexes, t.capacity)
+    check_lease("lease", lease)
+    rows = None if indexes is None else check_rows(index_tensor(indexes), t.capacity)
     with t.cond:
+        t.leases.check_issued(lease)
         t.leases.expire(time.monotonic())
         ack_rows(t, lease, t.leases.held_rows(lease, rows))
         t.cond.notify_all()
 
 
 def release(t: DockTable, lease: Lease) -> int:
-    """Hand the rows `lease` still holds back to the pool now; how many (0 if it holds none)."""
+    """Hand the rows `lease` still holds back to the pool now; how many (0 if it holds none).
+
+    Raises:
+        LeaseError: this dock did not issue the lease as given (a settled one it issued returns 0).
+    """
+    check_lease("lease", lease)
     with t.cond:
+        t.leases.check_issued(lease)
         t.leases.expire(time.monotonic())
         try:
             rows = t.leases.held_rows(lease, None)

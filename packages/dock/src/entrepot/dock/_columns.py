@@ -131,6 +131,22 @@ class SeqSnapshot:
         return out
 
 
+@dataclass
+class Room:
+    """Memory a sequence column's next write needs, allocated before any change (`SequenceColumn.room`).
+
+    segment: the new last segment; base: its start address. Compacted (`kept` not None): the segment
+    holds the live rows `kept` (int64), at `kept_offsets`, in its first `used` elements, and replaces
+    every segment; else it is added, empty.
+    """
+
+    segment: torch.Tensor
+    base: int
+    kept: torch.Tensor | None = None
+    kept_offsets: torch.Tensor | None = None
+    used: int = 0
+
+
 class SequenceColumn:
     """A variable-length column: append-only segments + per-row offsets and lengths."""
 
@@ -162,7 +178,7 @@ class SequenceColumn:
         return self.allocated * self.segments[0].element_size()
 
     def write(self, rows: torch.Tensor, source: Source, lengths: torch.Tensor, ready: torch.Tensor) -> None:
-        """Append the rows' values back to back and point `rows` at them (`reserve`, then the copy).
+        """Append the rows' values back to back and point `rows` at them (`room`, `reserve`, the copy).
 
         Args:
             rows: int64 [B] row indexes (distinct).
@@ -171,25 +187,54 @@ class SequenceColumn:
             ready: bool [capacity] this column's ready bits before the write (for garbage accounting).
         """
         total = source.numel() if isinstance(source, torch.Tensor) else source.numel
-        target = self.reserve(rows, lengths, total, ready)
+        target = self.reserve(rows, lengths, total, self.room(rows, total, ready))
         if isinstance(source, torch.Tensor):
             target.copy_(source)
         else:
             source.copy_into(target)
 
+    def room(self, rows: torch.Tensor, total: int, ready: torch.Tensor) -> Room | None:
+        """Allocate what `reserve` needs to place `total` more elements for `rows`, changing nothing.
+
+        None when they fit after the last write; else a new segment (empty, as large as all so far), or
+        one holding the live rows compacted. This is where a put's memory is allocated: a put gets the
+        room of every column before it changes any (a failed allocation leaves the column as it was).
+        """
+        if self.used + total <= self.segments[-1].numel():
+            return None
+        live = self.live - int(self.lengths.index_select(0, rows).sum())  # `rows` are being rewritten
+        base = self.bases[-1] + self.segments[-1].numel() + 1  # +1: runs never span segments
+        if live >= self.allocated // 2:
+            return Room(torch.empty(max(_MIN_BUFFER, total, self.allocated), dtype=self.dtype), base)
+        keep = ready.clone()
+        keep[rows] = False  # being rewritten
+        kept = keep.nonzero().squeeze(1)
+        kept = kept[torch.argsort(self.offsets[kept], stable=True)]  # address order keeps runs adjacent
+        snap = self.snapshot(kept)
+        fresh = torch.empty(max(_MIN_BUFFER, 2 * (live + total)), dtype=self.dtype)
+        snap.gather(out=fresh.narrow(0, 0, snap.numel))
+        return Room(fresh, base, kept, base + torch.cumsum(snap.lengths, 0) - snap.lengths, snap.numel)
+
     def reserve(
-        self, rows: torch.Tensor, lengths: torch.Tensor, total: int, ready: torch.Tensor
+        self, rows: torch.Tensor, lengths: torch.Tensor, total: int, room: Room | None
     ) -> torch.Tensor:
-        """Point `rows` at `total` fresh elements after the last write and return them, for the caller
-        to fill before anyone reads the rows (the dock does so under its lock).
+        """Point `rows` at `total` fresh elements after the last write (in `room`, when `room` made one)
+        and return them, for the caller to fill before anyone reads the rows (the dock does so under
+        its lock). Allocates nothing but a [B] cumsum: `room` did.
 
         Bookkeeping and copy are apart so that a put can do the bookkeeping of all its columns before
         it moves any bulk bytes: after a copy of a few MiB, the small tensor ops that follow run from
         cold caches (many times slower; see the README's benchmark notes), and this way they pay that
         once per put, not once per column.
         """
-        if self.used + total > self.segments[-1].numel():
-            self._make_room(total, ready, rows)
+        if room is not None and room.kept is None:
+            self._add_segment(room.segment, room.base)
+            self.used = 0
+        elif room is not None:  # compacted: readers holding the old segments keep them alive
+            assert room.kept_offsets is not None
+            self.offsets[room.kept] = room.kept_offsets
+            self.segments, self.bases, self.allocated = [room.segment], [room.base], room.segment.numel()
+            self.used = room.used
         target = self.segments[-1].narrow(0, self.used, total)
         self.offsets.index_copy_(
             0, rows, torch.cumsum(lengths, 0).sub_(lengths).add_(self.bases[-1] + self.used)
@@ -198,29 +243,8 @@ class SequenceColumn:
         self.used += total
         return target
 
-    def _make_room(self, incoming: int, ready: torch.Tensor, rows: torch.Tensor) -> None:
-        """A new segment: empty and as large as all so far, or holding the compacted live rows."""
-        live = self.live - int(self.lengths.index_select(0, rows).sum())  # `rows` are being rewritten
-        if live >= self.allocated // 2:
-            size = max(_MIN_BUFFER, incoming, self.allocated)
-            self._add_segment(torch.empty(size, dtype=self.dtype))
-            self.used = 0
-            return
-        keep = ready.clone()
-        keep[rows] = False  # being rewritten
-        kept = keep.nonzero().squeeze(1)
-        kept = kept[torch.argsort(self.offsets[kept], stable=True)]  # address order keeps runs adjacent
-        snap = self.snapshot(kept)
-        fresh = torch.empty(max(_MIN_BUFFER, 2 * (live + incoming)), dtype=self.dtype)
-        snap.gather(out=fresh.narrow(0, 0, snap.numel))
-        base = self.bases[-1] + self.segments[-1].numel() + 1
-        self.offsets[kept] = base + torch.cumsum(snap.lengths, 0) - snap.lengths
-        # Readers holding the old segments keep them alive until they finish.
-        self.segments, self.bases, self.allocated = [fresh], [base], fresh.numel()
-        self.used = snap.numel
-
-    def _add_segment(self, segment: torch.Tensor) -> None:
-        self.bases.append(self.bases[-1] + self.segments[-1].numel() + 1)  # +1: runs never span segments
+    def _add_segment(self, segment: torch.Tensor, base: int) -> None:
+        self.bases.append(base)
         self.segments.append(segment)
         self.allocated += segment.numel()
 

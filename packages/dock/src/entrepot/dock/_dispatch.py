@@ -15,8 +15,9 @@ import torch
 import torch.distributed as dist
 
 from entrepot.dock._batch import Batch, Layout, build_batch
+from entrepot.dock._checks import check_padding
 from entrepot.dock._client import DockClient
-from entrepot.dock._options import ZERO_PADDING, Padding, check_padding
+from entrepot.dock._options import ZERO_PADDING, Padding
 from entrepot.dock._wire import decode, encode_raw
 
 

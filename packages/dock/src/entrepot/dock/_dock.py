@@ -31,13 +31,13 @@ from typing import Any
 import torch
 
 from entrepot.dock import _acks, _lifecycle, _put, _state
-from entrepot.dock._batch import LAYOUTS, Batch, Layout, build_batch
+from entrepot.dock._batch import Batch, Layout, build_batch
+from entrepot.dock._checks import check_rows, get_request, peek_request
 from entrepot.dock._columns import ColumnSpec
-from entrepot.dock._errors import DockConfigError, DockStateError, InvalidArgumentError, NotReadyError
+from entrepot.dock._errors import DockConfigError, DockStateError, NotReadyError
 from entrepot.dock._files import read_verified, write_verified
-from entrepot.dock._inputs import as_index_tensor
 from entrepot.dock._leases import Lease
-from entrepot.dock._options import FIFO, ZERO_PADDING, Padding, Sampler, check_padding, check_sampler
+from entrepot.dock._options import FIFO, ZERO_PADDING, Padding, Sampler
 from entrepot.dock._table import DockTable
 from entrepot.dock._take import RowTaker
 
@@ -174,7 +174,9 @@ class ExperienceDock:
                 rows are acked in the same step, so outputs and acks are stored together or not at all.
 
         Raises:
-            DockError subclass naming the column or index; nothing is stored when it raises.
+            DockError subclass naming the column, index or argument; nothing is stored when it
+            raises (`DockMemoryError` included: every column's memory is allocated before any
+            cell is marked ready).
         """
         _put.put(self._table, data, indexes, lengths=lengths, completed=completed, ack=ack)
 
@@ -208,7 +210,8 @@ class ExperienceDock:
             indexes: read exactly these rows, in this order (guarantee-order mode); waits until they
                 are ready; `count`, `min_count`, `groups` and `sampler` are ignored.
             min_count: fewest rows worth returning (partial batches); default `count`.
-            timeout: seconds to wait; None waits forever; on expiry raises DockTimeout, taking nothing.
+            timeout: seconds to wait (>= 0); None or ``math.inf`` waits forever; on expiry raises
+                DockTimeout, taking nothing.
             groups: take whole prompt groups of n_samples_per_prompt rows (default: the dock's `group_gets`).
             layout: "padded" (TensorDict [B, L_c] + lengths) or "packed" (flat [T_c] + lengths / cu_seqlens).
             lease: hold the rows for `lease` seconds (``math.inf``: no expiry) instead of marking
@@ -227,22 +230,22 @@ class ExperienceDock:
             The batch (with `batch.lease` set under a lease), or None when `consumer` has received
             (and, under leases, acked) every row the dock holds.
 
-        A get that raises takes nothing: rows it had picked go back before the error propagates.
+        A get that raises takes nothing: every argument is checked before any row is taken (see
+        _checks: counts are ints, never bools; seconds are never NaN; the padding value fits each
+        padded column's dtype), and rows it had picked go back, uncounted, if laying them out fails.
         """
-        if layout not in LAYOUTS:
-            raise InvalidArgumentError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        check_sampler(sampler)
-        check_padding(padding)
-        taken = self._taker.take(
-            consumer, columns, count, indexes, min_count, timeout, groups, sampler, lease, lease_key
-        )
+        request = get_request(
+            consumer, columns, count, indexes=indexes, min_count=min_count, timeout=timeout, groups=groups,
+            layout=layout, lease=lease, lease_key=lease_key, sampler=sampler, padding=padding,
+        )  # fmt: skip
+        taken = self._taker.take(request)
         if taken is None:
             return None
         try:
             raw = taken.gather(layout)
             batch = build_batch(taken.rows, raw, taken.ages, layout, padding.value, padding.multiple)
         except BaseException:
-            self._taker.untake(consumer, taken)
+            self._taker.untake(consumer, taken.rows, taken.lease, taken.nbytes())
             raise
         finally:
             self._table.done_reading()
@@ -257,18 +260,17 @@ class ExperienceDock:
         padding: Padding = ZERO_PADDING,
     ) -> Batch:
         """Read ready cells without consuming them (e.g. the partial responses a rollout continues)."""
-        if layout not in LAYOUTS:
-            raise InvalidArgumentError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        check_padding(padding)
+        names, index_rows = peek_request(columns, indexes, layout, padding)
         t = self._table
-        col_ids = t.check_columns(columns)
-        rows = as_index_tensor(indexes, t.capacity)
+        col_ids = t.check_columns(names)
+        rows = check_rows(index_rows, t.capacity)
         with t.cond:
-            for name, c in zip(columns, col_ids, strict=True):
+            self._taker.check_fill(names, layout, padding)
+            for name, c in zip(names, col_ids, strict=True):
                 missing = (~t.ready[c, rows]).nonzero()
                 if missing.numel():
                     raise NotReadyError(name, int(rows[missing[0, 0]]))
-            taken = t.snapshot(columns, rows)
+            taken = t.snapshot(names, rows)
         try:
             raw = taken.gather(layout)
             return build_batch(taken.rows, raw, taken.ages, layout, padding.value, padding.multiple)
@@ -281,12 +283,17 @@ class ExperienceDock:
         """Mark the rows `lease` holds (or `indexes` of them) consumed: they will not come back.
 
         Raises:
-            LeaseError: the lease expired, was released or acked, or does not hold a named row.
+            LeaseError: this dock did not issue the lease as given (forged, another dock's, or its
+                consumer changed), or it expired, was released or acked, or does not hold a named row.
         """
         _acks.ack(self._table, lease, indexes)
 
     def release(self, lease: Lease) -> int:
-        """Hand the rows `lease` still holds back to the pool now; how many (0 if it holds none)."""
+        """Hand the rows `lease` still holds back to the pool now; how many (0 if it holds none).
+
+        Raises:
+            LeaseError: this dock did not issue the lease as given (a settled one it did issue: 0).
+        """
         return _acks.release(self._table, lease)
 
     # ------------------------------------------------------------------ lifecycle

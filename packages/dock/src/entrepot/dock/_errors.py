@@ -52,11 +52,12 @@ class UnknownConsumerError(DockError, KeyError):
 
 
 class IndexOutOfRangeError(DockError, IndexError):
-    """A row index outside [0, capacity)."""
+    """A row index outside [0, capacity) (capacity None: one too large for any dock, past 64 bits)."""
 
-    def __init__(self, index: int, capacity: int) -> None:
+    def __init__(self, index: int, capacity: int | None) -> None:
         self.index = index
-        super().__init__(f"row index {index} is out of range; allowed 0 <= index < {capacity}")
+        bound = "the dock's capacity" if capacity is None else capacity
+        super().__init__(f"row index {index} is out of range; allowed 0 <= index < {bound}")
 
 
 class DuplicateIndexError(DockError, ValueError):
@@ -131,7 +132,19 @@ class DockTimeout(DockError, TimeoutError):
 
 
 class InvalidArgumentError(DockError, ValueError):
-    """A get/put/clear argument outside what is allowed (count < 1, unknown sampler or layout, ...)."""
+    """A get/put/clear argument outside what is allowed (count < 1, unknown sampler or layout, ...).
+
+    `argument` names it (``"count"``, ``"timeout"``, ...) where one argument is to blame.
+    """
+
+    def __init__(self, message: str, argument: str | None = None) -> None:
+        self.argument = argument
+        super().__init__(message)
+
+
+class ArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument of the wrong Python type: a str where a count goes, a bool as a count, a list of str
+    as indexes, a meta or sparse tensor as data. Also a TypeError, which it replaces."""
 
 
 class NotReadyError(DockError, LookupError):
@@ -155,16 +168,33 @@ class AlreadyConsumedError(DockError, ValueError):
 
 
 class LeaseError(DockError, LookupError):
-    """An ack, release or put(ack=...) with a lease that no longer holds the rows it names."""
+    """An ack, release or put(ack=...) with a lease that this dock did not issue as given (forged,
+    relabelled to another consumer, or another dock's), or that no longer holds the rows it names."""
 
-    def __init__(self, lease_id: int, consumer: str, reason: str) -> None:
+    def __init__(self, lease_id: Any, consumer: Any, reason: str) -> None:
         self.lease_id = lease_id
         self.consumer = consumer
         super().__init__(f"lease {lease_id} of consumer {consumer!r} cannot be used: {reason}")
 
 
+class DockMemoryError(DockError, MemoryError):
+    """A put's rows could not get memory (the store's, or the buffer that carries them to an actor).
+
+    Nothing was stored: a put reserves every column's room before it marks any cell ready.
+    """
+
+    def __init__(self, column: str, nbytes: int) -> None:
+        self.column = column
+        self.nbytes = nbytes
+        super().__init__(
+            f"column {column!r}: its rows need {nbytes} bytes, which could not be allocated (the "
+            "allocator's error is this one's __cause__)"
+        )
+
+
 class DockShardLostError(DockError, RuntimeError):
-    """A sharded dock's shard or controller died (its node or process is gone); the node is named."""
+    """A dock actor, or a sharded dock's shard or controller, died (its node or process is gone); the
+    node is named (address and id)."""
 
     def __init__(self, part: str, node: str, detail: str) -> None:
         self.part = part

@@ -12,26 +12,14 @@ scalar columns.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
 import torch
 
-from entrepot.dock._errors import (
-    ColumnLayoutError,
-    DuplicateIndexError,
-    IndexOutOfRangeError,
-    LengthMismatchError,
-    RowCountMismatchError,
-)
+from entrepot.dock._errors import ColumnLayoutError, LengthMismatchError, RowCountMismatchError
 from entrepot.dock._rowcopy import RowSource, gather_into, unpad_into
-
-# Indexes checked on a Python list up to this many. The list's cost grows with the rows (on warm
-# caches it matches the torch ops' at a few hundred and is ~4x theirs at 1,024), while what it saves
-# is a fixed cost, larger from cold caches (see SequenceColumn.reserve).
-_LIST_CHECK_ROWS = 512
 
 
 class ColumnData:
@@ -162,44 +150,16 @@ def _plain(tensor: torch.Tensor, dtype: torch.dtype) -> bool:
     return tensor.dtype == dtype and tensor.device.type == "cpu" and tensor.stride(-1) == 1
 
 
-def as_index_tensor(indexes: Any, capacity: int) -> torch.Tensor:
-    """Validate row indexes (integers, in range, distinct) and return them as int64 [B].
-
-    Up to `_LIST_CHECK_ROWS` indexes in ascending order (the usual case: a put of the rows a get
-    returned) are accepted from a Python list, without a torch op: a put's first ops run from cold
-    caches, where each one costs many times its warm cost (see SequenceColumn.reserve).
-    """
-    rows = torch.as_tensor(indexes)
-    if rows.ndim == 0:
-        rows = rows.reshape(1)
-    if rows.ndim != 1 or (rows.numel() and (rows.dtype.is_floating_point or rows.dtype == torch.bool)):
-        raise ColumnLayoutError(
-            "indexes", f"must be a 1-D sequence of integers, got shape {tuple(rows.shape)} {rows.dtype}"
-        )
-    if rows.dtype != torch.int64:
-        rows = rows.to(torch.int64)
-    if rows.numel() == 0:
-        return rows
-    if rows.numel() <= _LIST_CHECK_ROWS:
-        values = rows.tolist()
-        if values[0] >= 0 and values[-1] < capacity and all(map(operator.lt, values, values[1:])):
-            return rows  # strictly ascending, so distinct, and both ends in range
-    low, high = (int(bound) for bound in torch.aminmax(rows))
-    if low < 0 or high >= capacity:
-        bad = ((rows < 0) | (rows >= capacity)).nonzero()
-        raise IndexOutOfRangeError(int(rows[bad[0, 0]]), capacity)
-    if bool((rows[1:] > rows[:-1]).all()):
-        return rows  # strictly ascending, so distinct (the usual case): no sort
-    sorted_rows, _ = torch.sort(rows)
-    dup = (sorted_rows[1:] == sorted_rows[:-1]).nonzero()
-    if dup.numel():
-        raise DuplicateIndexError(int(sorted_rows[dup[0, 0]]))
-    return rows
-
-
 def _as_lengths(column: str, lengths: Any, num_rows: int) -> torch.Tensor:
     """`lengths` as int64 [num_rows]; the caller checks that none is negative."""
-    lengths = torch.as_tensor(lengths)
+    if isinstance(lengths, torch.Tensor):
+        _check_stored(column, lengths, "lengths")
+    try:
+        lengths = torch.as_tensor(lengths)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        raise LengthMismatchError(
+            column, f"lengths must be a 1-D integer tensor, got {lengths!r:.80}"
+        ) from None
     if lengths.dtype.is_floating_point or lengths.dtype == torch.bool or lengths.ndim != 1:
         raise LengthMismatchError(
             column, f"lengths must be a 1-D integer tensor, got shape {tuple(lengths.shape)} {lengths.dtype}"
@@ -225,8 +185,24 @@ def _check_sizes(column: str, sizes: list[int], width: int) -> None:
         )
 
 
+def _check_stored(column: str, tensor: torch.Tensor, what: str = "data") -> None:
+    """ColumnLayoutError unless `tensor` holds its elements in memory (not meta, sparse or nested)."""
+    if tensor.is_meta or tensor.layout != torch.strided or tensor.is_nested:
+        kind = "meta" if tensor.is_meta else "nested" if tensor.is_nested else str(tensor.layout)
+        raise ColumnLayoutError(
+            column, f"{what} must be a dense tensor holding its values, got a {kind} tensor"
+        )
+
+
 def _from_list(column: str, items: Sequence[Any], scalar_hint: bool | None) -> ColumnData:
-    tensors = [torch.as_tensor(item) for item in items]
+    try:
+        tensors = [torch.as_tensor(item) for item in items]
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        kinds = sorted({type(item).__name__ for item in items})
+        raise ColumnLayoutError(column, f"list items must be tensors or numbers, got {kinds}") from None
+    held = {(t.layout, t.device.type) for t in tensors}  # one set, as for ndims and dtypes below
+    if any(layout != torch.strided or device == "meta" for layout, device in held):
+        _check_stored(column, next(t for t in tensors if t.layout != torch.strided or t.is_meta))
     if not tensors:
         return ColumnData(torch.empty(0), None if scalar_hint else torch.empty(0, dtype=torch.int64))
     ndims = {t.ndim for t in tensors}
@@ -291,6 +267,7 @@ def _from_value(column: str, value: Any, lengths: Any, num_rows: int, scalar_hin
             raise ColumnLayoutError(column, "lengths given twice (in the tuple and in `lengths`)")
         value, lengths = value
     if isinstance(value, torch.Tensor):
+        _check_stored(column, value)
         return _from_tensor(column, value.detach(), lengths, num_rows, scalar_hint)
     if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
         if lengths is not None:
@@ -319,6 +296,8 @@ def scalar_hint_matters(value: Any, lengths: Any) -> bool:
         return False
     one_dim = False
     for item in value:
+        if not isinstance(item, torch.Tensor | int | float):
+            return False  # not a scalar; normalize_column says what is wrong with it
         item = torch.as_tensor(item)
         if item.ndim > 1 or item.numel() != 1:
             return False

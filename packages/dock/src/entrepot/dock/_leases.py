@@ -6,18 +6,26 @@ expires (both put them back, ready for the next get). So a consumer that dies af
 nothing: its rows come back. A `key` makes a get idempotent: a retried task that asks again with the
 same key gets the rows it already holds instead of taking new ones.
 
+A lease is bound to its consumer: its `token` signs (id, consumer, seconds, key) with a secret of
+the dock that issued it (HMAC-SHA256), so an ack, put or release that names a forged lease, another
+dock's, or one relabelled to another consumer is refused with `LeaseError` before anything changes.
+A plain dataclass that crosses Ray as it is, it cannot be guessed from its id (a counter).
+
 `LeaseTable` is the bookkeeping only; the dock calls it with its lock held.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from entrepot.dock._errors import InvalidArgumentError, LeaseError
+from entrepot.dock._errors import LeaseError
 
 ACKED = -1
 """`LeaseTable.reissue` result for a key whose lease was acked in full: nothing left to hand out."""
@@ -28,16 +36,18 @@ class Lease:
     """A handle on rows handed to one consumer: ack them once their outputs are stored.
 
     Attributes:
-        id: unique within the dock (across resets).
+        id: unique within the process (a counter, across resets): `token` is what cannot be guessed.
         consumer: who holds the rows.
         seconds: how long the rows are held without an ack (``math.inf``: until ack or release).
         key: the caller's idempotency key, if the get gave one.
+        token: the issuing dock's signature of the fields above (see the module docstring).
     """
 
     id: int
     consumer: str
     seconds: float
     key: str | None = None
+    token: str = field(default="", repr=False)
 
 
 @dataclass
@@ -54,8 +64,9 @@ _IDS = itertools.count(1)  # process-wide, so a stale lease never matches one gr
 class LeaseTable:
     """Which rows each consumer holds under which lease, and until when."""
 
-    def __init__(self, consumers: list[str], capacity: int) -> None:
+    def __init__(self, consumers: list[str], capacity: int, secret: bytes) -> None:
         self.consumers = consumers
+        self._secret = secret  # the dock's: a lease issued before a reset still verifies after it
         self.leased = torch.zeros(len(consumers), capacity, dtype=torch.bool)
         self.num_leased = [0] * len(consumers)
         self.rows_returned = [0] * len(consumers)  # rows back in the pool after an expiry or release
@@ -63,16 +74,24 @@ class LeaseTable:
         self._held: dict[int, _Held] = {}
         self._keys: dict[tuple[int, str], int] = {}  # (consumer, key) -> lease id, or ACKED
 
-    @staticmethod
-    def check_seconds(seconds: float) -> None:
-        if not seconds > 0:  # also refuses NaN
-            raise InvalidArgumentError(
-                f"lease must be a number of seconds > 0 (math.inf: no expiry), got {seconds}"
+    def sign(self, *fields: Any) -> str:
+        """The dock's signature of `fields` (their repr): a lease's token, a get's receipt."""
+        return hmac.new(self._secret, repr(fields).encode(), hashlib.sha256).hexdigest()
+
+    def check_issued(self, lease: Lease) -> None:
+        """`LeaseError` unless this dock issued `lease` exactly as it is (any consumer, live or not)."""
+        token = lease.token if isinstance(lease.token, str) else ""
+        if not hmac.compare_digest(token, self.sign(lease.id, lease.consumer, lease.seconds, lease.key)):
+            reason = (
+                "this dock did not issue it as given (forged, another dock's, or its consumer, seconds "
+                "or key changed)"
             )
+            raise LeaseError(lease.id, lease.consumer, reason)
 
     def grant(self, k: int, rows: torch.Tensor, seconds: float, key: str | None, now: float) -> Lease:
         """Hold `rows` for consumer `k` under a new lease."""
-        lease = Lease(next(_IDS), self.consumers[k], seconds, key)
+        lease_id, consumer = next(_IDS), self.consumers[k]
+        lease = Lease(lease_id, consumer, seconds, key, self.sign(lease_id, consumer, seconds, key))
         self._held[lease.id] = _Held(lease, k, rows.clone(), now + seconds)
         self.leased[k, rows] = True
         self.num_leased[k] += rows.numel()
@@ -115,7 +134,9 @@ class LeaseTable:
         return min((held.deadline for held in self._held.values()), default=math.inf)
 
     def held_rows(self, lease: Lease, rows: torch.Tensor | None) -> torch.Tensor:
-        """`rows` (default: all) after checking `lease` still holds each of them; else `LeaseError`."""
+        """`rows` (default: all) after checking this dock issued `lease` and it still holds each of
+        them; else `LeaseError`."""
+        self.check_issued(lease)
         held = self._held.get(lease.id)
         if held is None:
             reason = "it expired, was released or acked, or its rows were cleared"

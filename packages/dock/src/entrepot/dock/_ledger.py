@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from entrepot.dock._checks import GetRequest
 from entrepot.dock._columns import ColumnSpec, is_lossless
 from entrepot.dock._dock import ExperienceDock
 from entrepot.dock._errors import ColumnLayoutError, DockFullError, LossyDtypeError, UnknownColumnError
@@ -76,9 +77,14 @@ class ColumnKinds:
         """Forget the dtypes puts fixed (a dock `reset`); kinds fixed by the specs stay."""
         self.dtypes: dict[str, torch.dtype | None] = {name: spec.dtype for name, spec in self._specs.items()}
         self.scalar: dict[str, bool | None] = {name: spec.scalar for name, spec in self._specs.items()}
+        self.reset_pending()
 
-    def fix(self, kinds: Mapping[str, Kind]) -> dict[str, Kind]:
+    def reset_pending(self) -> None:
+        self.pending = dict.fromkeys(self._specs, 0)  # puts between `fix` and `done`, per column
+
+    def fix(self, kinds: Mapping[str, Kind]) -> tuple[dict[str, Kind], list[str]]:
         """The stored (dtype, scalar) of each column of a put, fixing unknown ones; errors as one dock's.
+        Also the columns this put fixed (for `done` to forget if it fails).
 
         Raises:
             UnknownColumnError, ColumnLayoutError, LossyDtypeError: naming the column; nothing is fixed.
@@ -96,12 +102,27 @@ class ColumnKinds:
                 stored = self.dtypes[name]
                 if stored is not None and not is_lossless(dtype, stored):
                     raise LossyDtypeError(name, str(dtype), str(stored))
-            out = {}
+            out, fixed = {}, []
             for name, (dtype, scalar) in kinds.items():
+                if self.dtypes[name] is None or self.scalar[name] is None:
+                    fixed.append(name)
                 self.scalar[name] = scalar
                 stored = self.dtypes[name] = self.dtypes[name] or dtype
                 out[name] = (stored, scalar)
-            return out
+                self.pending[name] += 1
+            return out, fixed
+
+    def done(self, names: Sequence[str], failed: Sequence[str], ready: torch.Tensor) -> None:
+        """A put of columns `names` committed or failed; a failed one forgets the kinds it fixed
+        (`failed`) unless a cell of that column is ready (`ready`: bool [C, R] of the ledger) or
+        another put is under way with it: as in one dock, a failed put fixes no dtype."""
+        with self._lock:
+            for name in names:
+                self.pending[name] = max(self.pending[name] - 1, 0)
+            for name in failed:
+                c = list(self._specs).index(name)
+                if not self.pending[name] and not bool(ready[c].any()):
+                    self.dtypes[name], self.scalar[name] = self._specs[name].dtype, self._specs[name].scalar
 
     def known(self) -> dict[str, Kind]:
         """The columns whose dtype and kind are fixed."""
@@ -127,14 +148,20 @@ class LedgerTaker(RowTaker):
         kinds = {name: kind for name, kind in self.kinds.known().items() if name in taken.parts}
         return LengthsTaken(taken.rows, taken.parts, taken.ages, taken.lease, kinds)
 
-    def take_preferring(self, prefer: torch.Tensor | None, *args: Any, **kwargs: Any) -> Taken | None:
+    def take_preferring(self, prefer: torch.Tensor | None, request: GetRequest) -> Taken | None:
         """`take` that first looks only at rows `prefer` (bool [capacity], e.g. the caller's node's
         shards) and takes from the whole dock when those cannot fill the get."""
         self._prefer.rows = prefer
         try:
-            return self.take(*args, **kwargs)
+            return self.take(request)
         finally:
             self._prefer.rows = None
+
+    def sequence_dtype(self, name: str) -> torch.dtype | None:
+        """The dtype the shards store column `name` in, if it holds sequences (the ledger's own columns
+        hold lengths)."""
+        kind = self.kinds.known().get(name)
+        return kind[0] if kind is not None and not kind[1] else None
 
     def pick(self, k: int, col_ids: list[int], *args: Any) -> torch.Tensor | None:
         prefer = getattr(self._prefer, "rows", None)

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 import torch
 
+from entrepot.dock._checks import as_index_tensor
 from entrepot.dock._columns import SequenceColumn
 from entrepot.dock._errors import InvalidArgumentError
-from entrepot.dock._inputs import as_index_tensor
 from entrepot.dock._partial import finished_groups, stale_groups
 from entrepot.dock._table import DockTable
 
@@ -41,7 +41,8 @@ def set_policy_version(t: DockTable, version: int) -> int:
     """Set the policy version; with `max_staleness`, drop groups now too old (see ExperienceDock)."""
     if isinstance(version, bool) or not isinstance(version, int) or version < t.policy_version:
         raise InvalidArgumentError(
-            f"policy version must be an int >= the current one ({t.policy_version}), got {version!r}"
+            f"policy version must be an int >= the current one ({t.policy_version}), got {version!r}",
+            "version",
         )
     with t.cond:
         t.policy_version = version

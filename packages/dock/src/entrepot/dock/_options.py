@@ -9,6 +9,7 @@ instead of being four more keyword arguments of every get, on every client.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -39,9 +40,13 @@ class Sampler:
 
     def __post_init__(self) -> None:
         if self.kind not in SAMPLER_KINDS:
-            raise InvalidArgumentError(f"sampler kind must be one of {SAMPLER_KINDS}, got {self.kind!r}")
+            raise InvalidArgumentError(
+                f"sampler kind must be one of {SAMPLER_KINDS}, got {self.kind!r}", "sampler"
+            )
         if not _is_int(self.num_ranks) or self.num_ranks < 1:
-            raise InvalidArgumentError(f"sampler num_ranks must be an int >= 1, got {self.num_ranks!r}")
+            raise InvalidArgumentError(
+                f"sampler num_ranks must be an int >= 1, got {self.num_ranks!r}", "sampler"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,7 +54,8 @@ class Padding:
     """How the padded layout fills its rows (the packed layout has no padding and ignores it).
 
     Attributes:
-        value: fill value past each row's valid elements.
+        value: fill value past each row's valid elements (a get checks that each padded column's
+        dtype holds it exactly, e.g. no NaN or 1e30 in an int64 column).
         multiple: padded widths are rounded up to a multiple of this (e.g. TP x CP size).
     """
 
@@ -57,8 +63,12 @@ class Padding:
     multiple: int = 1
 
     def __post_init__(self) -> None:
+        if isinstance(self.value, bool) or not isinstance(self.value, numbers.Real):
+            raise InvalidArgumentError(f"padding value must be a number, got {self.value!r}", "padding")
         if not _is_int(self.multiple) or self.multiple < 1:
-            raise InvalidArgumentError(f"padding multiple must be an int >= 1, got {self.multiple!r}")
+            raise InvalidArgumentError(
+                f"padding multiple must be an int >= 1, got {self.multiple!r}", "padding"
+            )
 
 
 FIFO = Sampler()
@@ -66,16 +76,3 @@ FIFO = Sampler()
 
 ZERO_PADDING = Padding()
 """The default padding: zeros, to the longest row."""
-
-
-def check_sampler(sampler: Any) -> None:
-    """InvalidArgumentError unless `sampler` is a Sampler (``sampler="random"``, the form before the
-    spec, is told what to pass instead)."""
-    if not isinstance(sampler, Sampler):
-        raise InvalidArgumentError(f"sampler must be a Sampler, e.g. Sampler(kind='random'), got {sampler!r}")
-
-
-def check_padding(padding: Any) -> None:
-    """InvalidArgumentError unless `padding` is a Padding."""
-    if not isinstance(padding, Padding):
-        raise InvalidArgumentError(f"padding must be a Padding, e.g. Padding(value=-1), got {padding!r}")

@@ -2,7 +2,9 @@
 
 Anyone who can reach the Ray cluster can call the actor, so it runs only what a client needs: the
 methods in `CALLABLE_METHODS` (a private method or an unknown name is refused), and `save` / `load`
-only under the `files_root` it was launched with.
+only under the `files_root` it was launched with. It checks every argument again (see _checks):
+what it receives was unpickled, not built by a client's checks; and it gives a get's rows back only
+to whoever holds that get's receipt (`untake_wire`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import ray
 import torch
 
 from entrepot.dock import _channel
+from entrepot.dock._checks import GetRequest, checked_again
+from entrepot.dock._columns import ColumnSpec
 from entrepot.dock._dock import ExperienceDock
 from entrepot.dock._errors import InvalidArgumentError
 from entrepot.dock._leases import Lease
@@ -68,30 +72,47 @@ class DockActor:
         return True
 
     @ray.method(concurrency_group="get")
-    def get_wire(
-        self,
-        consumer: str,
-        columns: list[str],
-        count: int,
-        kwargs: dict[str, Any],
-        channel: str | None = None,
-    ) -> Any:
-        """(layout, buffer, lease): the rows gathered into the client's `channel` when it has room
-        (buffer None), else into a buffer that Ray carries back."""
-        taken = self._dock._taker.take(consumer, columns, count, **kwargs)
+    def get_wire(self, request: GetRequest, channel: str | None = None) -> Any:
+        """(layout, buffer, lease, receipt): the rows gathered into the client's `channel` when it has
+        room (buffer None), else into a buffer that Ray carries back; the receipt lets the client give
+        them back (`untake_wire`) if laying its batch out fails."""
+        taker = self._dock._taker
+        request = checked_again(request)
+        taken = taker.take(request)
         if taken is None:
             return None
+        nbytes = taken.nbytes()
         try:
             layout = taken_layout(taken)
             room = self._channels.room(channel, layout.nbytes)
             buffer = torch.empty(layout.nbytes, dtype=torch.uint8) if room is None else room
             write_taken(taken, layout, buffer)
         except BaseException:
-            self._dock._taker.untake(consumer, taken)
+            taker.untake(request.consumer, taken.rows, taken.lease, nbytes)
             raise
         finally:
             self._dock._table.done_reading()
-        return layout, None if room is not None else buffer.numpy(), taken.lease
+        receipt = taker.receipt(request.consumer, taken.rows, nbytes)
+        return layout, None if room is not None else buffer.numpy(), taken.lease, (nbytes, receipt)
+
+    @ray.method(concurrency_group="put")
+    def untake_wire(
+        self, consumer: str, rows: torch.Tensor, nbytes: int, lease: Lease | None, receipt: str
+    ) -> None:
+        """Give back the rows of a get that failed in the client after the take (its receipt checked)."""
+        self._dock._taker.untake_signed(consumer, rows, nbytes, lease, receipt)
+
+    @ray.method(concurrency_group="put")
+    def settings(self) -> tuple[int, dict[str, ColumnSpec], str | None]:
+        """(capacity, column specs, rollout consumer): what a client checks a put against first."""
+        t = self._dock._table
+        return t.capacity, dict(t.specs), t.rollout_consumer
+
+    @ray.method(concurrency_group="put")
+    def scalar_kinds(self, names: list[str]) -> dict[str, bool | None]:
+        """Whether each column of `names` stores scalars (None: not fixed yet)."""
+        t = self._dock._table
+        return {name: t.scalar_kind(name) for name in names if name in t.specs}
 
     @ray.method(concurrency_group="put")
     def node_id(self) -> str:

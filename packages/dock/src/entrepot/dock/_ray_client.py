@@ -2,10 +2,16 @@
 
 Data crosses Ray as one uint8 buffer per call (see _wire), or through the client's same-node
 channel when it has one (see _ray_channel); the client lays a get's batch out of it here.
+
+It behaves as one in-process dock: it checks every argument first, as one dock does (see _checks
+and `_put.check_put`), so a bad call raises the same typed error and sends nothing; a dock error
+raised in the actor comes back as itself, not in Ray's wrapper; a get whose batch cannot be laid
+out here gives its rows back; and a dead actor is a `DockShardLostError` naming its node.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -13,16 +19,30 @@ from typing import Any
 import ray
 import torch
 
-from entrepot.dock._batch import LAYOUTS, Batch, Layout, build_batch
+from entrepot.dock._batch import Batch, Layout, build_batch
+from entrepot.dock._checks import check_lease, get_request, index_tensor, peek_request
+from entrepot.dock._columns import ColumnSpec
 from entrepot.dock._dock import ExperienceDock
-from entrepot.dock._errors import DockStateError, InvalidArgumentError
+from entrepot.dock._errors import DockError, DockShardLostError
 from entrepot.dock._grpo import count_prompts
-from entrepot.dock._inputs import normalize_column, normalize_put
+from entrepot.dock._inputs import normalize_column, scalar_hint_matters
 from entrepot.dock._leases import Lease
-from entrepot.dock._options import FIFO, ZERO_PADDING, Padding, Sampler, check_padding, check_sampler
+from entrepot.dock._options import FIFO, ZERO_PADDING, Padding, Sampler
+from entrepot.dock._put import check_put
 from entrepot.dock._ray_actor import DockActor
 from entrepot.dock._ray_channel import ClientChannel
-from entrepot.dock._wire import WireLayout, as_uint8, columns_layout, decode, write_columns
+from entrepot.dock._wire import (
+    WireLayout,
+    as_uint8,
+    column_buffer,
+    columns_layout,
+    decode,
+    views,
+    write_columns,
+)
+
+Settings = tuple[int, dict[str, ColumnSpec], str | None]
+"""(capacity, column specs, rollout consumer) of the actor's dock: what a put is checked against."""
 
 
 class RayDockClient:
@@ -33,19 +53,48 @@ class RayDockClient:
     grown when one outgrows it; elsewhere, or with `channel=False`, through Ray's object store.
     `channel_puts` / `channel_gets` count the calls that used the channel. Pickling drops the
     channel: each process makes its own.
+
+    `node` (or, from `launch`, `node_of`: the actor's pending answer to `node_id`) says where the actor
+    runs: the error for a dead actor names it. `settings` are the dock's capacity, column specs and
+    rollout consumer (asked of the actor on the first put when not given).
     """
 
-    def __init__(self, actor: Any, channel: bool = True) -> None:
+    def __init__(
+        self, actor: Any, channel: bool = True, node: str | None = None, settings: Settings | None = None,
+        node_of: Any = None,
+    ) -> None:  # fmt: skip
         self.actor = actor
+        self._node = node
+        self._node_of = node_of
+        self._settings = settings
         self._channel = ClientChannel(actor, channel)
         self.channel_gets = 0
         self.channel_puts = 0
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"actor": self.actor, "channel": self._channel.enabled}
+        known = self._node is not None or (
+            self._node_of is not None and ray.wait([self._node_of], timeout=0)[0]
+        )
+        return {
+            "actor": self.actor, "channel": self._channel.enabled, "node": self.node if known else None,
+            "settings": self._settings,
+        }  # fmt: skip
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        RayDockClient.__init__(self, state["actor"], state["channel"])
+        RayDockClient.__init__(self, state["actor"], state["channel"], state["node"], state["settings"])
+
+    @property
+    def node(self) -> str | None:
+        """Where the actor runs, ``10.0.0.1 (id 0123456789ab)`` (None: not known to this client).
+
+        From `launch`, the first read waits until the actor runs (launch itself does not wait).
+        """
+        if self._node is None and self._node_of is not None:
+            try:
+                self._node = node_name(ray.get(self._node_of))
+            except ray.exceptions.RayError:  # it died before it answered
+                self._node_of = None
+        return self._node
 
     @property
     def channel_capacity(self) -> int:
@@ -77,15 +126,51 @@ class RayDockClient:
                 process runs on the actor's node (see the class docstring); False: always through Ray.
             dock_kwargs: the dock's constructor arguments.
         """
+        template = dock_cls(**dock_kwargs)  # a bad setting raises here, not in the actor
+        settings = (template.capacity, dict(template._table.specs), template.rollout_consumer)
         actor_cls = ray.remote(num_cpus=num_cpus, concurrency_groups={"put": 4, "get": max_concurrency})(
             DockActor
         )
         options = {} if name is None else {"name": name}
         actor = actor_cls.options(**options).remote(dock_cls, dock_kwargs, files_root=files_root)
-        return cls(actor, channel=channel)
+        return cls(actor, channel=channel, settings=settings, node_of=actor.node_id.remote())
+
+    def _wait(self, ref: Any) -> Any:
+        """ray.get of a call to the actor: a dock error raised there comes back as itself (not in Ray's
+        wrapper, whose message leads with the actor's traceback); a dead actor is a
+        `DockShardLostError` naming its node."""
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayTaskError as error:
+            if isinstance(error.cause, DockError):
+                raise error.cause from None
+            raise
+        except ray.exceptions.RayActorError as error:
+            text = str(error)
+            found = re.search(r"\bip: (\S+)", text)
+            node = self.node or (found.group(1) if found else "unknown (Ray did not say)")
+            raise DockShardLostError("actor", node, text.splitlines()[0][:200]) from None
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return ray.get(self.actor.call.remote(method, args, kwargs))
+        return self._wait(self.actor.call.remote(method, args, kwargs))
+
+    def _dock_settings(self) -> Settings:
+        if self._settings is None:
+            self._settings = self._wait(self.actor.settings.remote())
+        return self._settings
+
+    def _scalar_hints(self, data: Mapping[str, Any], lengths: Mapping[str, Any]) -> dict[str, bool | None]:
+        """Each column's kind as the dock reads a put: its spec's, else the kind a put fixed (asked of
+        the actor only for the forms that read differently as scalars, see `scalar_hint_matters`)."""
+        specs = self._dock_settings()[1]
+        hints = {name: specs[name].scalar if name in specs else None for name in data}
+        ask = [
+            name for name, hint in hints.items()
+            if hint is None and scalar_hint_matters(data[name], lengths.get(name))
+        ]  # fmt: skip
+        if ask:
+            hints.update(self._wait(self.actor.scalar_kinds.remote(ask)))
+        return hints
 
     def put(
         self,
@@ -98,24 +183,28 @@ class RayDockClient:
     ) -> None:
         """As ExperienceDock.put; the data is unpadded here and shipped as one buffer (the caller's
         rows are copied once, into the channel when they fit it, else into a buffer Ray carries)."""
-        rows = torch.as_tensor(indexes).reshape(-1)
-        data = dict(data.items())  # a TensorDict iterates over rows, not keys
-        columns = normalize_put(data, lengths, rows.numel(), {})
+        capacity, specs, rollout_consumer = self._dock_settings()
+        checked = check_put(
+            data, indexes, lengths, completed, ack, capacity=capacity, columns=specs,
+            rollout_consumer=rollout_consumer, scalar_hints=self._scalar_hints,
+        )  # fmt: skip
+        columns, rows, done, ack = checked.columns, checked.rows, checked.completed, checked.ack
+        if rows.numel() == 0:
+            return  # as one dock: nothing stored, no dtype fixed
         layout = columns_layout(columns)
-        done = None if completed is None else torch.as_tensor(completed, dtype=torch.bool)
         channel = self._channel.claim()
         try:
             if channel is not None and channel.capacity >= layout.nbytes:
                 write_columns(columns, layout, channel.buffer.narrow(0, 0, layout.nbytes))
-                if ray.get(self.actor.put_wire.remote(layout, None, rows, done, ack, channel.name)):
+                if self._wait(self.actor.put_wire.remote(layout, None, rows, done, ack, channel.name)):
                     self.channel_puts += 1
                     return
         finally:
             if channel is not None:
                 self._channel.release()
-        buffer = torch.empty(layout.nbytes, dtype=torch.uint8)
+        buffer = column_buffer(columns, layout)
         write_columns(columns, layout, buffer)
-        ray.get(self.actor.put_wire.remote(layout, buffer.numpy(), rows, done, ack))
+        self._wait(self.actor.put_wire.remote(layout, buffer.numpy(), rows, done, ack))
         self._channel.fit(layout.nbytes, channel)  # `channel`: too small, or unknown to the actor
 
     def get(
@@ -139,33 +228,34 @@ class RayDockClient:
         A lease's clock runs in the actor: a reply lost on its way here (this process died) is
         handed out again when the lease expires.
         """
-        if layout not in LAYOUTS:
-            raise InvalidArgumentError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        check_sampler(sampler)
-        check_padding(padding)
-        kwargs = {
-            "indexes": None if indexes is None else torch.as_tensor(indexes),
-            "min_count": min_count,
-            "timeout": timeout,
-            "groups": groups,
-            "sampler": sampler,
-            "lease": lease,
-            "lease_key": lease_key,
-        }
+        request = get_request(
+            consumer, columns, count, indexes=indexes, min_count=min_count, timeout=timeout, groups=groups,
+            layout=layout, lease=lease, lease_key=lease_key, sampler=sampler, padding=padding,
+        )  # fmt: skip
         channel = self._channel.claim()
         try:
             offered = None if channel is None else channel.name
-            reply = ray.get(self.actor.get_wire.remote(consumer, list(columns), count, kwargs, offered))
+            reply = self._wait(self.actor.get_wire.remote(request, offered))
             if reply is None:
                 return None
-            wire_layout, array, granted = reply
+            wire_layout, array, granted, (nbytes, receipt) = reply
             if array is None:
                 assert channel is not None  # the actor writes into a channel only when offered one
                 buffer = channel.buffer.narrow(0, 0, wire_layout.nbytes)
                 self.channel_gets += 1
             else:
                 buffer = as_uint8(array)
-            batch = _copied_batch(wire_layout, buffer, layout, padding)
+            try:
+                batch = _copied_batch(wire_layout, buffer, layout, padding)
+            except BaseException as error:  # the rows go back, as in one dock
+                rows = views(wire_layout, buffer)["rows"].clone()
+                try:
+                    self._wait(
+                        self.actor.untake_wire.remote(request.consumer, rows, nbytes, granted, receipt)
+                    )
+                except Exception as lost:
+                    error.add_note(f"giving the rows back failed too: {lost!r}")
+                raise
         finally:
             if channel is not None:
                 self._channel.release()
@@ -175,11 +265,12 @@ class RayDockClient:
 
     def ack(self, lease: Lease, indexes: Sequence[int] | torch.Tensor | None = None) -> None:
         """ExperienceDock.ack in the actor."""
-        self._call("ack", lease, None if indexes is None else torch.as_tensor(indexes))
+        check_lease("lease", lease)
+        self._call("ack", lease, None if indexes is None else index_tensor(indexes))
 
     def release(self, lease: Lease) -> int:
         """ExperienceDock.release in the actor."""
-        return int(self._call("release", lease))
+        return int(self._call("release", check_lease("lease", lease)))
 
     def put_prompts(
         self, prompts: Any, n_samples_per_prompt: int | None = None, *, lengths: Any = None, **kwargs: Any
@@ -200,9 +291,8 @@ class RayDockClient:
         padding: Padding = ZERO_PADDING,
     ) -> Batch:
         """ExperienceDock.peek in the actor (the batch comes back pickled)."""
-        result: Batch = self._call(
-            "peek", list(columns), torch.as_tensor(indexes), layout=layout, padding=padding
-        )
+        names, rows = peek_request(columns, indexes, layout, padding)
+        result: Batch = self._call("peek", names, rows, layout=layout, padding=padding)
         return result
 
     def all_consumed(self, consumer: str) -> bool:
@@ -213,7 +303,7 @@ class RayDockClient:
         return result
 
     def clear(self, indexes: Sequence[int] | torch.Tensor | None = None) -> None:
-        self._call("clear", indexes)
+        self._call("clear", None if indexes is None else index_tensor(indexes))
 
     def reset(self) -> None:
         self._call("reset")
@@ -241,12 +331,15 @@ class RayDockClient:
         A file that fails its checks raises the actor's `DockStateError` itself, message and all
         (Ray's wrapper would put the actor's traceback in front of the one line that matters).
         """
-        try:
-            self._call("load", path)
-        except ray.exceptions.RayTaskError as error:
-            if isinstance(error.cause, DockStateError):
-                raise error.cause from None
-            raise
+        self._call("load", path)
+
+
+def node_name(node_id: str) -> str:
+    """A Ray node as errors and `describe` name it: ``10.0.0.1 (id 0123456789ab)``."""
+    for node in ray.nodes():
+        if node["NodeID"] == node_id:
+            return f"{node['NodeManagerAddress']} (id {node_id[:12]})"
+    return f"id {node_id[:12]}"
 
 
 def _copied_batch(wire_layout: WireLayout, buffer: torch.Tensor, layout: Layout, padding: Padding) -> Batch:

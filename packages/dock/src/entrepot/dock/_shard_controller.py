@@ -12,12 +12,11 @@ from typing import Any
 import ray
 import torch
 
+from entrepot.dock._checks import GetRequest, check_lease, check_rows, checked_again, peek_request
 from entrepot.dock._dock import ExperienceDock
 from entrepot.dock._errors import InvalidArgumentError, NotReadyError
-from entrepot.dock._inputs import as_index_tensor
 from entrepot.dock._leases import Lease
 from entrepot.dock._ledger import Kind, Ledger
-from entrepot.dock._taken import Taken
 
 COMMIT_WINDOW_S = 60.0
 """How long a put that acks a lease keeps the lease from expiring while it writes to the shards."""
@@ -43,8 +42,11 @@ class ShardController:
         self._local_rows: dict[str | None, torch.Tensor | None] = {}
 
     @ray.method(concurrency_group="ctl")
-    def prepare_put(self, kinds: dict[str, Kind], rows: torch.Tensor, ack: Lease | None) -> dict[str, Kind]:
-        """Check a put's lease, then its column kinds (one dock's order), and fix its column dtypes.
+    def prepare_put(
+        self, kinds: dict[str, Kind], rows: torch.Tensor, ack: Lease | None
+    ) -> tuple[dict[str, Kind], list[str]]:
+        """Check a put's lease, then its column kinds (one dock's order), and fix its column dtypes:
+        (every column's stored kind, the columns this put fixed). `commit_put` or `abort_put` follows.
 
         A put refused here changes nothing: the lease is checked before any dtype is fixed, and is
         kept from expiring only once the put is accepted.
@@ -52,7 +54,7 @@ class ShardController:
         ledger = self._ledger
         with ledger._table.cond:
             if ack is not None:
-                ledger.check_lease(ack, rows)
+                ledger.check_lease(check_lease("ack", ack), rows)
             fixed = ledger.kinds.fix(kinds)
             if ack is not None:
                 ledger.pin(ack, COMMIT_WINDOW_S)
@@ -64,28 +66,49 @@ class ShardController:
         ack: Lease | None, claimed: bool,
     ) -> None:  # fmt: skip
         """Mark the cells of a put ready (the shards hold its data now)."""
+        ledger = self._ledger
         try:
-            self._ledger.put(lengths, rows, completed=completed, ack=ack)
+            ledger.put(lengths, rows, completed=completed, ack=ack)
         finally:
+            with ledger._table.cond:
+                ledger.kinds.done(list(lengths), [], ledger._table.ready)
             if claimed:
-                self._ledger.release_groups(rows)
+                ledger.release_groups(rows)
+
+    @ray.method(concurrency_group="ctl")
+    def abort_put(self, names: list[str], fixed: list[str]) -> None:
+        """A put that `prepare_put` accepted failed before its commit (no memory for its buffers, a
+        shard lost): forget the column kinds it fixed, as one dock's failed put fixes none."""
+        ledger = self._ledger
+        with ledger._table.cond:
+            ledger.kinds.done(names, fixed, ledger._table.ready)
 
     @ray.method(concurrency_group="take")
     def take(
-        self, consumer: str, columns: list[str], count: int, kwargs: dict[str, Any], node: str | None
-    ) -> tuple[torch.Tensor, torch.Tensor, Lease | None] | None:
-        """Select and mark rows for a get (rows on `node` first): (rows, ages, lease), or None when done."""
-        ledger = self._ledger
-        taken = ledger._taker.take_preferring(self._rows_on(node), consumer, columns, count, **kwargs)
+        self, request: GetRequest, node: str | None
+    ) -> tuple[torch.Tensor, torch.Tensor, Lease | None, tuple[int, str]] | None:
+        """Select and mark rows for a get (rows on `node` first): (rows, ages, lease, (nbytes,
+        receipt)), or None when done. The receipt lets the client give the rows back (`untake`)."""
+        taker = self._ledger._taker
+        request = checked_again(request)
+        taken = taker.take_preferring(self._rows_on(node), request)
         if taken is None:
             return None
-        ledger._table.done_reading()  # the ledger's "data" (lengths) were copied by the snapshot
-        return taken.rows, taken.ages, taken.lease
+        self._ledger._table.done_reading()  # the ledger's "data" (lengths) were copied by the snapshot
+        nbytes = taken.nbytes()
+        return (
+            taken.rows,
+            taken.ages,
+            taken.lease,
+            (nbytes, taker.receipt(request.consumer, taken.rows, nbytes)),
+        )
 
     @ray.method(concurrency_group="ctl")
-    def untake(self, consumer: str, rows: torch.Tensor, ages: torch.Tensor, lease: Lease | None) -> None:
-        """Give back the rows of a get that failed after `take` (a shard was lost)."""
-        self._ledger._taker.untake(consumer, Taken(rows, {}, ages, lease))
+    def untake(
+        self, consumer: str, rows: torch.Tensor, nbytes: int, lease: Lease | None, receipt: str
+    ) -> None:
+        """Give back the rows of a get that failed after `take` (a shard lost, no memory for the batch)."""
+        self._ledger._taker.untake_signed(consumer, rows, nbytes, lease, receipt)
 
     @ray.method(concurrency_group="ctl")
     def call(self, method: str, args: tuple[Any, ...]) -> Any:
@@ -112,14 +135,16 @@ class ShardController:
             result = getattr(self._ledger, method)(*args)
             return result, (before & ~t.live).nonzero().squeeze(1)
 
-    def _check_ready(self, columns: list[str], indexes: Any) -> torch.Tensor:
+    def _check_ready(self, columns: Any, indexes: Any, layout: Any, padding: Any) -> torch.Tensor:
         """The ages of rows `indexes` once every cell is ready, else `NotReadyError` naming one (a peek).
 
-        The columns are checked before the indexes, as in one dock."""
+        Checked as in one dock: the arguments, then the columns before the indexes, then the fill."""
         t = self._ledger._table
+        columns, rows = peek_request(columns, indexes, layout, padding)
         col_ids = t.check_columns(columns)
-        rows = as_index_tensor(indexes, t.capacity)
+        rows = check_rows(rows, t.capacity)
         with t.cond:
+            self._ledger._taker.check_fill(columns, layout, padding)
             for name, c in zip(columns, col_ids, strict=True):
                 missing = (~t.ready[c, rows]).nonzero()
                 if missing.numel():
@@ -130,6 +155,7 @@ class ShardController:
         self._ledger.load_state_dict(state)
         self._ledger.kinds.reset()
         self._ledger.kinds.fix(kinds)
+        self._ledger.kinds.reset_pending()
 
     def _rows_on(self, node: str | None) -> torch.Tensor | None:
         """bool [capacity] rows whose shard runs on `node` (None: no shard there, or all are there)."""

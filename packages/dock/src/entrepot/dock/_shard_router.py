@@ -105,10 +105,14 @@ class ShardRouter:
 
     def write(self, columns: dict[str, ColumnData], kinds: dict[str, Kind], rows: torch.Tensor) -> None:
         """Store `columns` (one value per row of `rows`) in the shards holding the rows, each column in
-        its stored dtype `kinds[name][0]`."""
+        its stored dtype `kinds[name][0]`. Every shard's buffer is made before any is sent, so a put
+        that cannot get memory here (`DockMemoryError`) sends nothing."""
         parts = self.by_shard(rows)
-        refs = [self.shards[s].write.remote(*_wire(columns, kinds, at, len(parts) > 1), rows[at])
-                for s, at in parts]  # fmt: skip
+        payloads = [_wire(columns, kinds, at, len(parts) > 1) for _, at in parts]
+        refs = [
+            self.shards[s].write.remote(*payload, rows[at])
+            for (s, at), payload in zip(parts, payloads, strict=True)
+        ]
         self.gather(refs, [s for s, _ in parts])
 
     def forget(self, rows: torch.Tensor) -> None:

@@ -1,7 +1,10 @@
 """ShardedDockClient: the DockClient of a dock sharded over Ray nodes (see entrepot.dock.sharded).
 
-It checks each call as one dock would, then asks the controller for statuses and moves the rows
-straight between itself and the shards (through its `ShardRouter`, see _shard_router).
+It checks each call as one dock would (the same checks, see _checks and `_put.check_put`), then
+asks the controller for statuses and moves the rows straight between itself and the shards
+(through its `ShardRouter`, see _shard_router). A get that fails after the controller took its rows
+(a shard lost, no memory for the batch) gives them back; a put that fails before its commit leaves
+no column dtype fixed.
 """
 
 from __future__ import annotations
@@ -15,26 +18,16 @@ import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from entrepot.dock import _sharded_files
-from entrepot.dock._batch import LAYOUTS, Batch, Layout, build_batch
+from entrepot.dock._batch import Batch, Layout, build_batch
+from entrepot.dock._checks import check_lease, check_rows, get_request, index_tensor, peek_request
 from entrepot.dock._dock import ExperienceDock
-from entrepot.dock._errors import (
-    DockConfigError,
-    DockShardLostError,
-    InvalidArgumentError,
-    UnknownColumnError,
-)
+from entrepot.dock._errors import DockConfigError, DockShardLostError, InvalidArgumentError
 from entrepot.dock._grpo import _fan_out, count_prompts
-from entrepot.dock._inputs import (
-    ColumnData,
-    as_index_tensor,
-    normalize_column,
-    normalize_put,
-    scalar_hint_matters,
-)
+from entrepot.dock._inputs import ColumnData, normalize_column, scalar_hint_matters
 from entrepot.dock._leases import Lease
 from entrepot.dock._ledger import Kind
-from entrepot.dock._options import FIFO, ZERO_PADDING, Padding, Sampler, check_padding, check_sampler
-from entrepot.dock._put import completed_flags
+from entrepot.dock._options import FIFO, ZERO_PADDING, Padding, Sampler
+from entrepot.dock._put import check_put
 from entrepot.dock._shard import DockShard
 from entrepot.dock._shard_controller import ShardController
 from entrepot.dock._shard_router import ShardRouter
@@ -180,18 +173,13 @@ class ShardedDockClient:
 
         The arguments are checked in one dock's order, so a call with two mistakes names the same one.
         """
-        rows = as_index_tensor(indexes, self.capacity)
-        data = dict(data.items())  # a TensorDict iterates over rows, not keys
-        if not data:
-            raise InvalidArgumentError("put needs at least one column")
-        for name in data:
-            if name not in self._specs:
-                raise UnknownColumnError(name, list(self._specs))
-        done = completed_flags(completed, rows.numel(), self.rollout_consumer)
-        if rows.numel() == 0:
+        checked = check_put(
+            data, indexes, lengths, completed, ack, capacity=self.capacity, columns=self._specs,
+            rollout_consumer=self.rollout_consumer, scalar_hints=self._scalar_hints,
+        )  # fmt: skip
+        if checked.rows.numel() == 0:
             return  # as in one dock: nothing stored, no dtype fixed
-        columns = normalize_put(data, lengths, rows.numel(), self._scalar_hints(data, lengths or {}))
-        self._put(columns, rows, done, ack, claimed=False)
+        self._put(checked.columns, checked.rows, checked.completed, checked.ack, claimed=False)
 
     def _scalar_hints(self, data: Mapping[str, Any], lengths: Mapping[str, Any]) -> dict[str, bool | None]:
         """Each column's kind as one dock reads a put: its spec's, else the kind a put fixed (asked of the
@@ -214,8 +202,13 @@ class ShardedDockClient:
         """Fix the columns' dtypes in the controller, write the shards, then commit the cells ready."""
         router = self._router
         kinds = {name: (column.dtype, column.scalar) for name, column in columns.items()}
-        fixed = router.gather([router.controller.prepare_put.remote(kinds, rows, ack)], [None])[0]
-        router.write(columns, fixed, rows)
+        stored, fixed = router.gather([router.controller.prepare_put.remote(kinds, rows, ack)], [None])[0]
+        try:
+            router.write(columns, stored, rows)
+        except BaseException as error:
+            if not (isinstance(error, DockShardLostError) and error.part == "controller"):
+                router.gather([router.controller.abort_put.remote(list(columns), fixed)], [None])
+            raise
         lengths = {
             name: torch.zeros(rows.numel(), dtype=torch.int64) if column.lengths is None else column.lengths
             for name, column in columns.items()
@@ -279,28 +272,23 @@ class ShardedDockClient:
         padding: Padding = ZERO_PADDING,
     ) -> Batch | None:
         """As ExperienceDock.get: the controller picks rows (this node's shards first); shards send them."""
-        if layout not in LAYOUTS:
-            raise InvalidArgumentError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        check_sampler(sampler)
-        check_padding(padding)
-        kwargs = {
-            "indexes": None if indexes is None else torch.as_tensor(indexes),
-            "min_count": min_count, "timeout": timeout, "groups": groups, "sampler": sampler,
-            "lease": lease, "lease_key": lease_key,
-        }  # fmt: skip
+        request = get_request(
+            consumer, columns, count, indexes=indexes, min_count=min_count, timeout=timeout, groups=groups,
+            layout=layout, lease=lease, lease_key=lease_key, sampler=sampler, padding=padding,
+        )  # fmt: skip
         router = self._router
-        names = columns if isinstance(columns, str) else list(columns)  # a str: the controller says so
-        ref = router.controller.take.remote(consumer, names, count, kwargs, router.my_node())
-        reply = router.gather([ref], [None])[0]
+        reply = router.gather([router.controller.take.remote(request, router.my_node())], [None])[0]
         if reply is None:
             return None
-        rows, ages, granted = reply
+        rows, ages, granted, (nbytes, receipt) = reply
         try:
-            raw = router.read(list(columns), rows, layout)
-        except BaseException:
-            router.gather([router.controller.untake.remote(consumer, rows, ages, granted)], [None])
+            raw = router.read(request.columns, rows, layout)
+            batch = build_batch(rows, raw, ages, layout, padding.value, padding.multiple)
+        except BaseException as error:  # the rows go back, as in one dock
+            if not (isinstance(error, DockShardLostError) and error.part == "controller"):
+                untake = router.controller.untake.remote(request.consumer, rows, nbytes, granted, receipt)
+                router.gather([untake], [None])
             raise
-        batch = build_batch(rows, raw, ages, layout, padding.value, padding.multiple)
         return batch if granted is None else replace(batch, lease=granted)
 
     def peek(
@@ -312,24 +300,22 @@ class ShardedDockClient:
         padding: Padding = ZERO_PADDING,
     ) -> Batch:
         """As ExperienceDock.peek: the controller checks the cells are ready, the shards send them."""
-        if layout not in LAYOUTS:
-            raise InvalidArgumentError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        check_padding(padding)
-        names = columns if isinstance(columns, str) else list(columns)
-        ages = self._router.call("check_ready", names, torch.as_tensor(indexes))
-        rows = as_index_tensor(indexes, self.capacity)  # valid: the controller checked them
-        raw = self._router.read(list(columns), rows, layout)
+        names, rows = peek_request(columns, indexes, layout, padding)
+        ages = self._router.call("check_ready", names, rows, layout, padding)
+        rows = check_rows(rows, self.capacity)  # valid: the controller checked them
+        raw = self._router.read(names, rows, layout)
         return build_batch(rows, raw, ages, layout, padding.value, padding.multiple)
 
     # ------------------------------------------------------------------ statuses
 
     def ack(self, lease: Lease, indexes: Sequence[int] | torch.Tensor | None = None) -> None:
         """ExperienceDock.ack in the controller."""
-        self._router.call("ack", lease, None if indexes is None else torch.as_tensor(indexes))
+        check_lease("lease", lease)
+        self._router.call("ack", lease, None if indexes is None else index_tensor(indexes))
 
     def release(self, lease: Lease) -> int:
         """ExperienceDock.release in the controller."""
-        return int(self._router.call("release", lease))
+        return int(self._router.call("release", check_lease("lease", lease)))
 
     def all_consumed(self, consumer: str) -> bool:
         return bool(self._router.call("all_consumed", consumer))
@@ -344,7 +330,7 @@ class ShardedDockClient:
 
     def clear(self, indexes: Sequence[int] | torch.Tensor | None = None) -> None:
         """ExperienceDock.clear; the shards then drop the rows that left."""
-        rows = None if indexes is None else torch.as_tensor(indexes)
+        rows = None if indexes is None else index_tensor(indexes)
         _, dropped = self._router.call("clear", rows)
         self._router.forget(dropped)
 

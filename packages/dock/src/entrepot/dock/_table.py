@@ -7,14 +7,16 @@ Each takes the table as an argument, so the state is declared once, here, where 
 
 from __future__ import annotations
 
+import secrets
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
+from entrepot.dock._checks import check_name, column_names
 from entrepot.dock._columns import ColumnSpec, ScalarColumn, SequenceColumn
-from entrepot.dock._errors import InvalidArgumentError, UnknownColumnError, UnknownConsumerError
+from entrepot.dock._errors import UnknownColumnError, UnknownConsumerError
 from entrepot.dock._leases import LeaseTable
 from entrepot.dock._select import advance_watermark
 from entrepot.dock._taken import Taken
@@ -59,6 +61,7 @@ class DockTable:
         self.column_index = {name: i for i, name in enumerate(self.columns)}
         self.consumer_index = {name: i for i, name in enumerate(self.consumers)}
         self.cond = threading.Condition(threading.RLock())
+        self.lease_secret = secrets.token_bytes(32)  # signs this dock's leases (see _leases)
         self.reset()
 
     def reset(self) -> None:
@@ -85,7 +88,7 @@ class DockTable:
         self.wait_s = [0.0] * num_consumers
         self.bytes_got = [0] * num_consumers
         self.readers = 0  # gets copying out of snapshots right now
-        self.leases = LeaseTable(self.consumers, capacity)
+        self.leases = LeaseTable(self.consumers, capacity, self.lease_secret)
 
     def make_store(self, spec: ColumnSpec) -> Store | None:
         """The store of a column of `spec`; None while its dtype or kind is open (the first put fixes it)."""
@@ -103,16 +106,14 @@ class DockTable:
         return self.specs[name].scalar
 
     def check_consumer(self, consumer: str) -> int:
-        """The index of `consumer`, or UnknownConsumerError."""
-        if consumer not in self.consumer_index:
+        """The index of `consumer`, or UnknownConsumerError (ArgumentTypeError: not a str)."""
+        if check_name("consumer", consumer) not in self.consumer_index:
             raise UnknownConsumerError(consumer, self.consumers)
         return self.consumer_index[consumer]
 
     def check_columns(self, columns: Sequence[str]) -> list[int]:
         """The indexes of `columns` (a non-empty list of distinct known names), else a DockError."""
-        if isinstance(columns, str) or not columns or len(set(columns)) != len(columns):
-            raise InvalidArgumentError(f"columns must be a non-empty list of distinct names, got {columns!r}")
-        for name in columns:
+        for name in column_names(columns):
             if name not in self.column_index:
                 raise UnknownColumnError(name, self.columns)
         return [self.column_index[name] for name in columns]

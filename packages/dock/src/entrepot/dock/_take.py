@@ -8,6 +8,8 @@ where their data is; the copy out happens after the lock is released (Experience
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
 import time
 from collections.abc import Sequence
@@ -17,10 +19,18 @@ from typing import Any
 import torch
 
 from entrepot.dock._acks import release
+from entrepot.dock._checks import (
+    GetRequest,
+    check_lease,
+    check_name,
+    check_pad_value,
+    check_rows,
+    index_tensor,
+)
+from entrepot.dock._columns import SequenceColumn
 from entrepot.dock._errors import AlreadyConsumedError, DockTimeout, GroupSizeError, InvalidArgumentError
-from entrepot.dock._inputs import as_index_tensor
-from entrepot.dock._leases import ACKED, LeaseTable
-from entrepot.dock._options import FIFO, Sampler
+from entrepot.dock._leases import ACKED, Lease
+from entrepot.dock._options import Padding, Sampler
 from entrepot.dock._partial import finished_groups
 from entrepot.dock._sampling import balanced_order
 from entrepot.dock._select import expand_units, scan
@@ -38,44 +48,37 @@ class RowTaker:
     def __init__(self, table: DockTable) -> None:
         self.table = table
 
-    def take(
-        self,
-        consumer: str,
-        columns: Sequence[str],
-        count: int,
-        indexes: Sequence[int] | torch.Tensor | None = None,
-        min_count: int | None = None,
-        timeout: float | None = None,
-        groups: bool | None = None,
-        sampler: Sampler = FIFO,
-        lease: float | None = None,
-        lease_key: str | None = None,
-    ) -> Taken | None:
+    def take(self, request: GetRequest) -> Taken | None:
         """Select and mark (or lease) rows under the lock; return what the copy-out needs (None: done).
 
-        The caller copies out of the returned snapshot and then calls `table.done_reading()`; if the
-        copy fails, `untake` gives the rows back first.
+        `request` was checked by `get_request`; the checks that need the dock's state run here,
+        before anything is marked (the padding value against each padded column's dtype too, so a
+        padded layout laid out later, maybe in another process, cannot fail on it). The caller
+        copies out of the returned snapshot and then calls `table.done_reading()`; if the copy
+        fails, `untake` gives the rows back first.
         """
         t = self.table
+        consumer, columns, count = request.consumer, request.columns, request.count
         k = t.check_consumer(consumer)
         col_ids = t.check_columns(columns)
+        groups, sampler, lease = request.groups, request.sampler, request.lease
         group_size = t.n_samples_per_prompt if (t.group_gets if groups is None else groups) else 1
-        wanted = self.check_counts(count, min_count, group_size, sampler)
-        rows = None if indexes is None else as_index_tensor(indexes, t.capacity)
-        if lease is not None:
-            LeaseTable.check_seconds(lease)
-        elif lease_key is not None:
-            raise InvalidArgumentError(f"lease_key {lease_key!r} needs a lease (seconds)")
+        wanted = self.check_counts(count, request.min_count, group_size, sampler)
+        rows = None if request.indexes is None else check_rows(request.indexes, t.capacity)
+        timeout = request.timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         with t.cond:
             started = now = time.monotonic()
-            if lease is not None and lease_key is not None:
-                again = t.leases.reissue(k, lease_key, lease, now)
+            self.check_fill(columns, request.layout, request.padding)
+            if lease is not None and request.lease_key is not None:
+                again = t.leases.reissue(k, request.lease_key, lease, now)
                 if again == ACKED:
                     return None
                 if isinstance(again, tuple):  # a retry: the rows this key already holds
                     self.count_delivery(k, again[1])
-                    return replace(self.snapshot(columns, again[1]), lease=again[0])
+                    taken = replace(self.snapshot(columns, again[1]), lease=again[0])
+                    t.bytes_got[k] += taken.nbytes()  # as any get's (`untake` takes them back)
+                    return taken
             while True:
                 if t.leases.expire(now):
                     t.cond.notify_all()  # rows back in the pool: other waiting getters look again
@@ -87,6 +90,8 @@ class RowTaker:
                         return None
                     picked = self.pick(k, col_ids, count, wanted, group_size, sampler, finished)
                 if picked is not None:
+                    # a put may have fixed a column's dtype while this get waited
+                    self.check_fill(columns, request.layout, request.padding)
                     break
                 left = None if deadline is None else deadline - now
                 if left is not None and left <= 0:
@@ -102,7 +107,7 @@ class RowTaker:
             if lease is None:
                 self.mark_consumed(k, picked)
             else:
-                granted = t.leases.grant(k, picked, lease, lease_key, now)
+                granted = t.leases.grant(k, picked, lease, request.lease_key, now)
                 self.count_delivery(k, picked)
             taken = replace(self.snapshot(columns, picked), lease=granted)
             t.bytes_got[k] += taken.nbytes()
@@ -110,35 +115,77 @@ class RowTaker:
             try:
                 taken = taken.reorder(balanced_order(taken.tokens_per_row(), sampler.num_ranks, group_size))
             except BaseException:
-                self.untake(consumer, taken)
+                self.untake(consumer, taken.rows, taken.lease, taken.nbytes())
                 t.done_reading()
                 raise
         return taken
 
-    def untake(self, consumer: str, taken: Taken) -> None:
-        """Undo a get that failed after picking `taken.rows`: they become available again."""
+    def check_fill(self, columns: Sequence[str], layout: str, padding: Padding) -> None:
+        """InvalidArgumentError if a padded read's fill value does not fit a sequence column's dtype."""
+        if layout != "padded" or padding.value == 0:
+            return
+        for name in columns:
+            dtype = self.sequence_dtype(name)
+            if dtype is not None:
+                check_pad_value(padding, name, dtype)
+
+    def sequence_dtype(self, name: str) -> torch.dtype | None:
+        """The dtype of column `name` if it stores sequences (None: scalars, or not known yet)."""
+        store = self.table.stores[name]
+        return store.dtype if isinstance(store, SequenceColumn) else None
+
+    def untake(self, consumer: str, rows: torch.Tensor, lease: Lease | None, nbytes: int) -> None:
+        """Undo a get of `rows` (`nbytes` of data) that failed after the take: the rows become
+        available again, and the get leaves no trace in the metrics (rows, bytes, gets)."""
         t = self.table
         k = t.consumer_index[consumer]
+        delivered = rows.numel()
         with t.cond:
-            if taken.lease is not None:
-                release(t, taken.lease)  # 0 rows if another get expired it meanwhile: nothing to undo
-            else:
-                t.consumed[k, taken.rows] = False
-                t.num_consumed[k] -= taken.rows.numel()
-                t.watermark[k] = min(t.watermark[k], int(taken.rows.min()))
+            if lease is not None:
+                given_back = release(t, lease)  # 0 if another get expired it meanwhile
+                t.leases.rows_returned[k] -= given_back  # not a return: the get never happened
+            else:  # only rows still consumed: a clear may have emptied some since
+                still = rows[t.consumed[k, rows]]
+                t.consumed[k, still] = False
+                t.num_consumed[k] -= still.numel()
+                if still.numel():
+                    t.watermark[k] = min(t.watermark[k], int(still.min()))
+            t.rows_got[k] -= delivered
+            t.bytes_got[k] -= nbytes
+            t.counts["gets"] -= 1
             t.cond.notify_all()
+
+    def receipt(self, consumer: str, rows: torch.Tensor, nbytes: int) -> str:
+        """The dock's signature of a get's (consumer, rows, nbytes): what lets a client in another
+        process give those rows back (`untake_signed`) after a failure on its side, and only those."""
+        digest = hashlib.sha256(rows.numpy().tobytes()).hexdigest()
+        return self.table.leases.sign("receipt", consumer, digest, nbytes)
+
+    def untake_signed(
+        self, consumer: str, rows: torch.Tensor, nbytes: int, lease: Lease | None, receipt: str
+    ) -> None:
+        """`untake` for a client whose get failed after the take, with the get's `receipt`."""
+        rows = index_tensor(rows, "rows")
+        if not isinstance(receipt, str) or not hmac.compare_digest(
+            receipt, self.receipt(check_name("consumer", consumer), rows, nbytes)
+        ):
+            raise InvalidArgumentError("the receipt does not match the rows this dock handed out", "receipt")
+        if lease is not None:
+            self.table.leases.check_issued(check_lease("lease", lease))
+        self.untake(consumer, rows, lease, nbytes)
 
     def snapshot(self, columns: Sequence[str], rows: torch.Tensor) -> Taken:
         """The table's snapshot of `rows` (see DockTable.snapshot)."""
         return self.table.snapshot(columns, rows)
 
     def check_counts(self, count: int, min_count: int | None, group_size: int, sampler: Sampler) -> int:
-        """The fewest rows worth returning (`min_count`, default `count`), checked against the others."""
-        if count < 1:
-            raise InvalidArgumentError(f"count must be >= 1, got {count}")
+        """The fewest rows worth returning (`min_count`, default `count`), checked against the others
+        (each is an int >= 1 already: see `get_request`)."""
         wanted = count if min_count is None else min_count
         if not 1 <= wanted <= count:
-            raise InvalidArgumentError(f"min_count must be in [1, count={count}], got {min_count}")
+            raise InvalidArgumentError(
+                f"min_count must be in [1, count={count}], got {min_count}", "min_count"
+            )
         if count % group_size or wanted % group_size:
             raise GroupSizeError(
                 f"in group mode count ({count}) and min_count ({wanted}) must be multiples of "
@@ -148,7 +195,8 @@ class RowTaker:
         if sampler.kind == "balanced" and (count % (num_ranks * group_size) or wanted != count):
             raise InvalidArgumentError(
                 f"the balanced sampler needs count ({count}) divisible by num_ranks ({num_ranks}) x "
-                f"group size ({group_size}) and min_count == count"
+                f"group size ({group_size}) and min_count == count",
+                "sampler",
             )
         return wanted
 

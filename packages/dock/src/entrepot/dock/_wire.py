@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from entrepot.dock._columns import SeqSnapshot
+from entrepot.dock._errors import DockMemoryError
 from entrepot.dock._taken import Taken
 
 if TYPE_CHECKING:
@@ -73,12 +74,38 @@ def encode(tensors: Mapping[str, torch.Tensor]) -> tuple[WireLayout, torch.Tenso
     return layout, buffer
 
 
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether `error` is an allocation that failed (torch raises RuntimeError for CPU memory)."""
+    text = str(error)
+    return isinstance(error, MemoryError) or "alloc" in text or "out of memory" in text
+
+
+def column_buffer(columns: Mapping[str, ColumnData], layout: WireLayout) -> torch.Tensor:
+    """An empty uint8 buffer for a put's columns; `DockMemoryError` naming the largest if none can be had."""
+    try:
+        return torch.empty(layout.nbytes, dtype=torch.uint8)
+    except (MemoryError, RuntimeError) as error:
+        if not is_out_of_memory(error):
+            raise
+        sizes = {name: column.numel * entry_size(layout, name) for name, column in columns.items()}
+        largest = max(sizes, key=sizes.__getitem__)
+        raise DockMemoryError(largest, sizes[largest]) from error
+
+
+def entry_size(layout: WireLayout, column: str) -> int:
+    """Bytes per element of `column`'s values in `layout`."""
+    for key, dtype_name, _, _ in layout.entries:
+        if key in (f"s:{column}", f"d:{column}"):
+            return int(getattr(torch, dtype_name).itemsize)
+    raise KeyError(column)
+
+
 def encode_columns(
     columns: Mapping[str, ColumnData], dtypes: Mapping[str, torch.dtype] | None = None
 ) -> tuple[WireLayout, torch.Tensor]:
     """A put's columns into one buffer, each in `dtypes[name]` (default: its own); the rows' only copy."""
     layout = columns_layout(columns, dtypes)
-    buffer = torch.empty(layout.nbytes, dtype=torch.uint8)
+    buffer = column_buffer(columns, layout)
     write_columns(columns, layout, buffer)
     return layout, buffer
 
