@@ -218,11 +218,10 @@ def test_train_with_vllm_rollouts_raises_the_reward(ray_session: Any, tmp_path: 
 @pytest.mark.parametrize(
     "layout",
     [
-        ["engine.train=megatron", "parallel.train.tensor=2"],
         ["engine.train=megatron", "parallel.train.tensor=2", "parallel.infer.tensor=2"],
         ["resources.num_actor_workers=2"],
     ],
-    ids=["megatron-tp2", "megatron-tp2-vllm-tp2", "dp2"],
+    ids=["megatron-tp2-vllm-tp2", "dp2"],  # megatron TP2 -> a TP1 engine: megatron-tp2.yaml's test
 )
 def test_several_ranks_generate_with_vllm(ray_session: Any, tmp_path: Path, layout: list[str]) -> None:
     """Two actor ranks: one in-process vLLM each (TP1 rollout), or one vLLM at TP2 across both ranks;
