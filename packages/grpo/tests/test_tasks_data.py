@@ -11,7 +11,7 @@ from tests_support_models import tiny_model_dir
 from entrepot.grpo import load_config
 from entrepot.grpo.data.sources import build_task, encode_prompt, read_records
 from entrepot.grpo.data.tasks import CharTokenizer, SyntheticTask
-from entrepot.grpo.errors import DataError
+from entrepot.grpo.errors import DataError, GRPOConfigError
 
 
 def test_reverse_and_addition_tasks() -> None:
@@ -73,3 +73,14 @@ def test_local_model_dir_with_chat_template(tmp_path: Path) -> None:
         encode_prompt(setup, "what is 1 ?", 2)
     with pytest.raises(DataError, match="must be a local HF model directory"):
         load_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize(("task", "digits"), [("reverse", 3), ("reverse", 2), ("addition", 1)])
+def test_a_task_with_no_prompts_beside_its_held_out_pool_is_refused(task: str, digits: int) -> None:
+    """reverse with 2 digits has 100 prompts, all in the 4096-draw held-out pool: drawing one to train
+    on looped forever. It is refused before anything starts, naming the key."""
+    from entrepot.grpo.data.checks import check_task_fits
+
+    with pytest.raises(GRPOConfigError, match=r"^data\.num_digits"):
+        check_task_fits(load_config(None, [f"data.task={task}", f"data.num_digits={digits}"]))
+    check_task_fits(load_config(None, [f"data.task={task}", f"data.num_digits={digits + 2}"]))

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from entrepot.grpo.config.fields import check
 from entrepot.grpo.data.lengths import longest_sequence, partial_max_age, response_budget
-from entrepot.grpo.data.tasks import SYNTHETIC_TASKS, prompt_tokens
+from entrepot.grpo.data.tasks import HELD_OUT_POOL, SYNTHETIC_TASKS, distinct_prompts, prompt_tokens
 
 if TYPE_CHECKING:
     from entrepot.grpo.config import (
@@ -30,6 +30,7 @@ __all__ = [
     "check_overlong_buffer",
     "check_partial_budget",
     "check_positions",
+    "check_prompt_space",
     "check_task_fits",
     "check_token_budgets",
 ]
@@ -37,6 +38,7 @@ __all__ = [
 
 def check_task_fits(config: GRPOConfig) -> None:
     """Raise `GRPOConfigError` (naming the key) if the config's sequences do not fit what holds them."""
+    check_prompt_space(config.data)
     check_dock_groups(config.data, config.rollout, config.dock)
     check_positions(config.data, config.rollout, config.model)
     check_token_budgets(config.data, config.rollout, config.batching)
@@ -105,3 +107,14 @@ def check_overlong_buffer(data: DataConfig, rollout: RolloutConfig, reward: Rewa
     budget = response_budget(data, rollout)
     check(reward.overlong_buffer < budget, "reward.overlong_buffer", reward.overlong_buffer,
           f"< the response budget ({budget}, rollout.max_new_tokens or the task's)")  # fmt: skip
+
+
+def check_prompt_space(data: DataConfig) -> None:
+    """A synthetic task has prompts to train on beside its held-out pool (too few digits: it has not,
+    and drawing a training prompt outside the pool would never end)."""
+    if data.task not in SYNTHETIC_TASKS:
+        return
+    space = distinct_prompts(data.task, data.num_digits)
+    check(space > 2 * HELD_OUT_POOL, "data.num_digits", data.num_digits,
+          f"large enough that the task has more than {2 * HELD_OUT_POOL} distinct prompts (it has "
+          f"{space}; {HELD_OUT_POOL} are held out for evaluation): reverse >= 4, addition >= 2")  # fmt: skip

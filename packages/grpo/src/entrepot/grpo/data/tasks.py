@@ -23,6 +23,7 @@ __all__ = [
     "Sample",
     "SyntheticTask",
     "answer_tokens",
+    "distinct_prompts",
     "prompt_tokens",
 ]
 
@@ -34,6 +35,11 @@ SYNTHETIC_TASKS = ("reverse", "addition")
 def prompt_tokens(kind: str, num_digits: int) -> int:
     """Tokens (characters) of every prompt of a synthetic task: ``d..d=`` or ``a..a+b..b=``."""
     return 2 * num_digits + 2 if kind == "addition" else num_digits + 1
+
+
+def distinct_prompts(kind: str, num_digits: int) -> int:
+    """How many different prompts a synthetic task has: 10^d numbers to reverse, 10^2d pairs to add."""
+    return 10 ** (2 * num_digits if kind == "addition" else num_digits)
 
 
 def answer_tokens(kind: str, num_digits: int) -> int:
