@@ -15,6 +15,7 @@ import typer
 from entrepot.cli._batching import batching_app
 from entrepot.cli._dock import dock_app
 from entrepot.cli._errors import user_errors
+from entrepot.cli._export import export
 from entrepot.cli._grpo import grpo_app
 from entrepot.cli._grpo_config import ConfigOption, OverridesArgument, load_checked_config
 from entrepot.cli.versions import ENTREPOT_DISTRIBUTIONS, STACK_DISTRIBUTIONS, installed_versions
@@ -26,6 +27,7 @@ app = typer.Typer(
     add_completion=True,
     pretty_exceptions_show_locals=False,
 )
+grpo_app.command("export")(export)
 app.add_typer(grpo_app)
 app.add_typer(dock_app)
 app.add_typer(batching_app)
