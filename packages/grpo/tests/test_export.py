@@ -152,6 +152,7 @@ def test_lora_export_is_the_checkpoints_merged_model_with_a_tokenizer(tmp_path: 
     merged = load_file(str(tmp_path / "run" / "checkpoints" / "step_000001" / "hf" / "model.safetensors"))
     state = model.state_dict()
     assert merged and all(torch.equal(state[name], tensor) for name, tensor in merged.items())
+    assert (out / "adapter" / "adapter_config.json").is_file()  # peft's adapter, beside the merged model
 
 
 @needs_vllm

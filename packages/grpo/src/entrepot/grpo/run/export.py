@@ -9,7 +9,7 @@ No training, Ray or dock starts; only the weights are read:
 | torch engine                        | ``model.safetensors`` (HF names) loaded into `initial_model`'s   |
 |                                     | model, saved with ``save_pretrained``                            |
 | LoRA (`model.lora.rank` > 0), or    | the checkpoint's ``hf/`` (the merged model, exported at save     |
-| ``engine.train: megatron``          | time), copied                                                    |
+| ``engine.train: megatron``          | time), copied; LoRA's ``adapter/`` (peft's) comes along          |
 
 The tokenizer is `model.path`'s (saved with ``save_pretrained``, so its chat template comes along; the
 directory must still exist), or, for the built default, its `CharTokenizer` as a `tokenizers`
@@ -26,6 +26,7 @@ from typing import Any
 
 from entrepot.grpo.config import GRPOConfig, config_from_dict
 from entrepot.grpo.data.tasks import CharTokenizer
+from entrepot.grpo.engines.registry import choose_engines
 from entrepot.grpo.errors import CheckpointError
 from entrepot.grpo.run.manifest import read_manifest, verify_manifest
 from entrepot.grpo.run.resume import latest_checkpoint
@@ -86,7 +87,7 @@ def export_checkpoint(run_dir: str | Path, step: int | None = None, out: str | P
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        if config.model.lora.enabled or config.engine.train == "megatron":
+        if config.model.lora.enabled or choose_engines(config.engine).train.shards_weights:
             _copy_hf(directory, tmp, listed)
             tokenizer = _tokenizer(config)
         else:
@@ -104,12 +105,18 @@ def export_checkpoint(run_dir: str | Path, step: int | None = None, out: str | P
 
 
 def _copy_hf(directory: Path, out: Path, listed: Collection[str]) -> None:
-    """Copy the model files of the checkpoint's ``hf/`` export (the merged LoRA or megatron model)."""
+    """Copy the model files of the checkpoint's ``hf/`` export (the merged LoRA or megatron model) and
+    LoRA's ``hf/adapter/``."""
     if "hf/model.safetensors" not in listed:
         raise CheckpointError(f"checkpoint {str(directory)!r} has no HF export (hf/model.safetensors)")
     for name in _HF_FILES:
         if f"hf/{name}" in listed:
             shutil.copy2(directory / "hf" / name, out / name)
+    adapter = sorted(name for name in listed if name.startswith("hf/adapter/"))
+    for name in adapter:  # LoRA: peft's adapter directory beside the merged model
+        target = out / name.removeprefix("hf/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(directory / name, target)
 
 
 def _save_trained(directory: Path, config: GRPOConfig, out: Path) -> Any:
