@@ -15,7 +15,8 @@ integration tier.
 
 A plain `nox` (what CI runs) takes the default set: lint, typecheck, metadata, unit, every
 integration-<name> and tests-vllm (the vLLM tests of resharding and grpo, in a venv with vLLM's
-CPU build). Every test session writes a JUnit report to .nox-reports/<session>.xml, which
+CPU build), and quickstart (the `rl` command in a venv built by the root README's command 1).
+Every test session writes a JUnit report to .nox-reports/<session>.xml, which
 .ci/summarize.py sums (counting each test once).
 """
 
@@ -60,6 +61,7 @@ nox.options.sessions = [
     "unit",
     *(f"integration-{name}" for name in PACKAGES),
     "tests-vllm",
+    "quickstart",
 ]
 
 # pytest's -m for each tier (vLLM tests run only in tests-vllm, which installs vLLM).
@@ -124,7 +126,7 @@ def typecheck(session: nox.Session) -> None:
 def metadata(session: nox.Session) -> None:
     """Every package names its entrepot siblings by version range, never by a local path."""
     session.install("pytest>=8", "packaging>=23")
-    _run_pytest(session, "metadata", "tests")
+    _run_pytest(session, "metadata", "tests", "--ignore=tests/quickstart")
 
 
 def _run_pytest(session: nox.Session, report: str, *paths: str) -> None:
@@ -225,6 +227,24 @@ def _install_wheel_alone(session: nox.Session, name: str, dist: Path) -> None:
         external=True,
         env=TORCH_ENV,
     )
+
+
+# The root README's command 1, as a user types it (pip, from the repository root).
+QUICKSTART = [TORCH_SPEC, *(f"./packages/{name}" for name in PACKAGES)]
+
+
+@nox.session(venv_backend="virtualenv")
+def quickstart(session: nox.Session) -> None:
+    """The README's quickstart: a venv made by its command 1 (pip, no extras), then `rl --help`,
+    `rl doctor`, `rl grpo config validate` on every shipped config and a 3-step `rl grpo train`.
+
+    pip (virtualenv's), not uv, because that is what the README runs; pytest, installed after, is
+    the only thing the README does not install. tests/quickstart/test_quickstart.py runs `rl`.
+    """
+    session.chdir(str(ROOT))
+    session.install(*QUICKSTART)
+    session.install("pytest>=8")
+    _run_pytest(session, "quickstart", "tests/quickstart")
 
 
 # vLLM pins its own torch, so its tests get a venv of their own. By default it is installed the way

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 import entrepot.grpo
 from entrepot.cli._doctor import size
+from entrepot.cli._install import EXTRA_COMMANDS
 from entrepot.cli.app import app
 from entrepot.grpo.config import load_config
 from entrepot.grpo.run.memory import estimate_memory
@@ -57,10 +58,10 @@ def test_a_missing_extra_says_not_installed_and_whether_the_config_uses_it(runne
     report = _doctor(runner)
     assert report["Versions"]["vllm"] == "not installed"
     assert report["Engine"]["vllm"] == "not installed (engine.rollout=vllm)"
-    report = _doctor(runner, "engine.rollout=vllm")
-    assert (
-        report["Engine"]["vllm"]
-        == "not installed, this config uses it: the run is refused (engine.rollout=vllm)"
+    report = _doctor(runner, "engine.rollout=vllm", COLUMNS="400")  # the install command is long
+    assert report["Engine"]["vllm"] == (
+        "not installed, this config uses it: the run is refused (engine.rollout=vllm); "
+        f"to install it: {EXTRA_COMMANDS['vllm']}"
     )
     assert "kv_cache_memory_bytes" in report["Memory"]["KV cache"]
 

@@ -25,16 +25,16 @@ PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_pro
 
 @needs_no_vllm
 def test_missing_vllm_names_the_extra() -> None:
-    with pytest.raises(MissingExtraError, match=r"pip install entrepot-resharding\[vllm\]"):
+    with pytest.raises(MissingExtraError, match=r'pip install "\./packages/resharding\[vllm\]"'):
         require_vllm()
-    with pytest.raises(ImportError, match=r"entrepot-resharding\[vllm\]"):
+    with pytest.raises(ImportError, match=r"\./packages/resharding\[vllm\]"):
         VllmInferenceEngine(object())
 
 
 @needs_no_npu
 def test_missing_npu_stack_names_the_extra() -> None:
     with pytest.raises(
-        MissingExtraError, match=r"torch-npu and vllm-ascend .*entrepot-resharding\[npu\]"
+        MissingExtraError, match=r"torch-npu and vllm-ascend .*\./packages/resharding\[npu\]"
     ) as info:
         require_npu()
     assert isinstance(info.value, ReshardError) and info.value.extra == "npu"

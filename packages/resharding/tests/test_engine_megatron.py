@@ -135,7 +135,7 @@ def test_cpu_mode_names_what_is_missing_or_in_the_way(
         raise importlib.metadata.PackageNotFoundError(dist)
 
     monkeypatch.setattr(importlib.metadata, "version", not_installed)
-    with pytest.raises(MissingExtraError, match=r"entrepot-resharding\[megatron\]"):
+    with pytest.raises(MissingExtraError, match=r"\./packages/resharding\[megatron\]"):
         megatron_cpu.enable_cpu_mode("cpu")
     assert all(_patched_attributes()[name] is value for name, value in unpatched.items())
 

@@ -18,6 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from entrepot.cli._install import EXTRA_COMMANDS
 from entrepot.cli.versions import ENTREPOT_DISTRIBUTIONS, STACK_DISTRIBUTIONS
 
 if TYPE_CHECKING:
@@ -147,7 +148,10 @@ def _extras(config: GRPOConfig) -> Section:
         status = "installed" if found else "not installed"
         if uses(config):
             status += ", this config uses it" if found else f", this config uses it: the run is {without}"
-        section.rows.append((module, f"{status} ({used_by})"))
+        row = f"{status} ({used_by})"
+        if uses(config) and not found:
+            row += f"; to install it: {EXTRA_COMMANDS[module]}"
+        section.rows.append((module, row))
     return section
 
 

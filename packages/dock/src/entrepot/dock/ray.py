@@ -1,4 +1,4 @@
-"""The dock as a Ray actor, behind the same DockClient API (needs `pip install entrepot-dock[ray]`).
+"""The dock as a Ray actor, behind the same DockClient API (needs the dock's `ray` extra).
 
     client = RayDockClient.launch(GRPODock, prompts_num=256, n_samples_per_prompt=8)
     rows = client.put_prompts(prompts)
@@ -22,10 +22,12 @@ client's end of the same-node channel (_ray_channel).
 
 from __future__ import annotations
 
+from entrepot.dock import _install
+
 try:
     import ray  # noqa: F401 - checked here, used by the modules below
 except ImportError as error:  # pragma: no cover - exercised only without the extra
-    raise ImportError("entrepot.dock.ray needs Ray: pip install 'entrepot-dock[ray]'") from error
+    raise ImportError(f"entrepot.dock.ray needs Ray: {_install.RAY}") from error
 
 from entrepot.dock._ray_actor import CALLABLE_METHODS, DockActor
 from entrepot.dock._ray_client import RayDockClient

@@ -44,10 +44,12 @@ save / load (_sharded_files).
 
 from __future__ import annotations
 
+from entrepot.dock import _install
+
 try:
     import ray  # noqa: F401 - checked here, used by the modules below
 except ImportError as error:  # pragma: no cover - exercised only without the extra
-    raise ImportError("entrepot.dock.sharded needs Ray: pip install 'entrepot-dock[ray]'") from error
+    raise ImportError(f"entrepot.dock.sharded needs Ray: {_install.RAY}") from error
 
 from entrepot.dock._shard import DockShard
 from entrepot.dock._shard_controller import COMMIT_WINDOW_S, ShardController

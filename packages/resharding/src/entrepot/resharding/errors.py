@@ -5,6 +5,8 @@ Every message names the offending value and what was allowed.
 
 from __future__ import annotations
 
+from entrepot.resharding import _install
+
 __all__ = [
     "BufferStateError",
     "ChecksumMismatchError",
@@ -40,9 +42,8 @@ class MissingExtraError(ReshardError, ImportError):
     """An optional dependency is missing; the message names the extra to install."""
 
     def __init__(self, module: str, extra: str) -> None:
-        super().__init__(
-            f"{module} is not installed; install it with `pip install entrepot-resharding[{extra}]`"
-        )
+        assert extra in _install.EXTRAS, f"{extra!r} is not one of {_install.EXTRAS}"
+        super().__init__(f"{module} is not installed; install it with {_install.pip_install(extra)}")
         self.module = module
         self.extra = extra
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from entrepot.grpo import _install
 from entrepot.grpo.data.lengths import response_budget
 from entrepot.grpo.data.tasks import CharTokenizer, PromptSource, Sample, SyntheticTask
 from entrepot.grpo.errors import DataError
@@ -32,7 +33,7 @@ def read_records(path: str | Path, prompt_field: str, answer_field: str) -> list
         try:
             import pyarrow.parquet as pq  # type: ignore[import-not-found, import-untyped, unused-ignore]
         except ImportError:
-            raise DataError("reading parquet needs pyarrow: pip install 'entrepot-grpo[parquet]'") from None
+            raise DataError(f"reading parquet needs pyarrow: {_install.PARQUET}") from None
         records = pq.read_table(file).to_pylist()
     else:
         records = []
