@@ -1,4 +1,4 @@
-"""The live view of `rl grpo train`: a progress bar with ETA and the latest step's metrics.
+"""The live view of `rl grpo train`: a progress bar with ETA, the latest step's metrics and sample.
 
 Fed by the trainer's `on_step` callback; it only formats what the trainer reports.
 """
@@ -38,6 +38,16 @@ def weight_sync_line(metrics: Mapping[str, Any]) -> str | None:
     if mean is not None:
         parts.append(f"logp mismatch mean {mean:.2e}" + (f" max {peak:.2e}" if peak is not None else ""))
     return "weight sync: " + "  ".join(parts) if parts else None
+
+
+SAMPLES = "samples"  # the trainer's on_step key of a sampled step's records (entrepot.grpo.step.SAMPLES_KEY)
+
+
+def sample_line(sample: Mapping[str, Any]) -> str:
+    """`sample: PROMPT -> RESPONSE (reward R)` of one sample record, each text on one line."""
+    prompt, response = (" ".join(str(sample.get(k, "")).split()) for k in ("prompt", "response"))
+    reward = m.number(sample, "reward")
+    return f"sample: {prompt} -> {response} (reward {_fmt(reward)})"
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -107,6 +117,7 @@ class TrainDisplay:
         self.task = self.progress.add_task("steps", total=total_steps, completed=start_step)
         self.latest: dict[str, Any] = {}
         self.accuracy: float | None = None
+        self.sample: Mapping[str, Any] | None = None  # the latest sampled step's first record
         self.live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
 
     def __enter__(self) -> TrainDisplay:
@@ -125,6 +136,9 @@ class TrainDisplay:
         accuracy = m.number(metrics, m.ACCURACY)
         if accuracy is not None:
             self.accuracy = accuracy
+        samples = metrics.get(SAMPLES)
+        if samples:
+            self.sample = samples[0]
         step = m.number(metrics, m.STEP)
         if step is not None:
             self.progress.update(self.task, completed=int(step))
@@ -158,4 +172,6 @@ class TrainDisplay:
         dock = dock_line(latest)
         if dock is not None:  # one line whatever the width: cut with an ellipsis, never wrapped
             lines.append(Text(dock, style="dim", no_wrap=True, overflow="ellipsis"))
+        if self.sample is not None:
+            lines.append(Text(sample_line(self.sample), no_wrap=True, overflow="ellipsis"))
         return Group(*lines)

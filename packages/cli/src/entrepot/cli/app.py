@@ -7,6 +7,7 @@ command that needs them.
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Annotated
 
@@ -18,6 +19,7 @@ from entrepot.cli._errors import user_errors
 from entrepot.cli._export import export
 from entrepot.cli._grpo import grpo_app
 from entrepot.cli._grpo_config import ConfigOption, OverridesArgument, load_checked_config
+from entrepot.cli._samples import samples
 from entrepot.cli.versions import ENTREPOT_DISTRIBUTIONS, STACK_DISTRIBUTIONS, installed_versions
 
 app = typer.Typer(
@@ -28,6 +30,7 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 grpo_app.command("export")(export)
+grpo_app.command("samples")(samples)
 app.add_typer(grpo_app)
 app.add_typer(dock_app)
 app.add_typer(batching_app)
@@ -98,4 +101,10 @@ def ray_clean(
 
 def main() -> None:
     """Console-script entry point; usage lines and completion say `rl` however the program starts."""
-    app(prog_name="rl")
+    try:
+        app(prog_name="rl")
+    finally:
+        # The interpreter's exit would collect every object torch and its kin made (0.9 s after a
+        # 2-step run on a loaded 2-core machine, 0.3 s frozen): frozen, they are left to the
+        # process's end, so the summary's wall time stays the process's.
+        gc.freeze()

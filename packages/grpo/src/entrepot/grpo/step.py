@@ -7,7 +7,7 @@
          sampling)
     6.   group advantages (here, in the driver)
     7.   actor update: each DP rank trains the rows planned for it, gradients summed over ranks
-    8.   metrics, evaluation, clear
+    8.   metrics, a few samples (every `logging.samples_every` steps), evaluation, clear
 
 Every stage is a dock consumer on a worker group (`entrepot.grpo.workers`): the step calls typed
 methods on groups and never asks whether they are Ray actors or objects in this process. With
@@ -25,9 +25,11 @@ import torch
 
 from entrepot.grpo.algo.losses import group_advantages, sequence_kl
 from entrepot.grpo.config import GRPOConfig
+from entrepot.grpo.data import rewards
 from entrepot.grpo.data.sources import TaskSetup, encode_prompt
 from entrepot.grpo.engines.registry import choose_engines
 from entrepot.grpo.run.metrics import dock_step_metrics, merge_rank_metrics
+from entrepot.grpo.run.samples import build_samples, pick_rows
 from entrepot.grpo.sampling import Sampling, StageStart, choose_sampling
 from entrepot.grpo.workers import (
     ActorWorker,
@@ -36,11 +38,14 @@ from entrepot.grpo.workers import (
     ReferenceWorker,
     RewardModelWorker,
     RewardWorker,
+    tensor_text,
     text_tensor,
     wait_all,
 )
 
-__all__ = ["GRPOStep"]
+__all__ = ["SAMPLES_KEY", "GRPOStep"]
+
+SAMPLES_KEY = "samples"  # the step's sample records (`run.samples`), on sampled steps only; not a metric
 
 
 class GRPOStep:
@@ -54,11 +59,15 @@ class GRPOStep:
     Attributes:
         data_position: prompts drawn from the source so far (a checkpoint saves it).
         sampling: the sampling mode, chosen once.
+
+    A step whose number is a multiple of `logging.samples_every` also returns a few of its rows as
+    sample records (prompt, response, reward, per-verifier parts) under `SAMPLES_KEY`.
     """
 
     def __init__(self, config: GRPOConfig, cluster: Cluster, setup: TaskSetup) -> None:
         self.rollout, self.algorithm, self.batching = config.rollout, config.algorithm, config.batching
         self.resources, self.reward, self.eval = config.resources, config.reward, config.eval
+        self.logging = config.logging
         self.max_prompt_tokens, self.max_steps = config.data.max_prompt_tokens, config.max_steps
         self.separate_kernels = choose_engines(config.engine).rollout.separate_kernels
         self.cluster, self.dock, self.setup = cluster, cluster.dock, setup
@@ -66,6 +75,8 @@ class GRPOStep:
         self.sampling: Sampling = choose_sampling(config.rollout, config.algorithm)
         self.data_position = 0
         self._dock_totals: dict[str, float] = {}
+        if self.logging.samples_every:  # the parts score here too (the reward workers may be elsewhere)
+            rewards.resolve_custom(config.reward.custom)
 
     def restored(self, data_position: int) -> None:
         """Continue after the trainer loaded a checkpoint: its prompt position, and the dock's counters
@@ -101,12 +112,16 @@ class GRPOStep:
             [lambda: self.actors.call(ActorWorker.update, self.dock, plan, with_old=with_old)]
         )
 
-        # 8. metrics, evaluation, clear
+        # 8. metrics, samples, evaluation, clear
         stats = None
         if rows.numel():
             columns = ["accuracy", "response_length", *self.sampling.columns]
             stats = self.dock.get("grpo_metrics", columns, rows.numel(), indexes=rows, layout="packed",
                                   timeout=self.resources.stage_timeout_s)  # fmt: skip
+        every = self.logging.samples_every
+        samples = (
+            self._samples(step + 1, rows) if every and (step + 1) % every == 0 and rows.numel() else None
+        )
         dock_metrics = dock_step_metrics(self.dock.metrics(), self._dock_totals)
         self.dock.clear()
         dock_metrics.update(self.sampling.after_clear(self.dock, step, stats))
@@ -133,7 +148,31 @@ class GRPOStep:
             t_eval = time.perf_counter()
             metrics.update(self.wait([self.actors.call(ActorWorker.evaluate)])[0][0])
             metrics["time/eval"] = time.perf_counter() - t_eval
+        if samples is not None:
+            metrics[SAMPLES_KEY] = samples
         return metrics
+
+    def _samples(self, step: int, rows: torch.Tensor) -> list[dict[str, Any]]:
+        """Sample records of a few of `rows` (`run.samples`), read from the dock without consuming them.
+
+        Reading and decoding draw no random numbers: the run trains as it would without samples.
+        """
+        picked = pick_rows(rows, self.rollout.n_samples_per_prompt, self.logging.samples_per_step)
+        batch = self.dock.peek(["prompts", "responses", "answer", "rm_scores", "accuracy"], picked,
+                               layout="packed")  # fmt: skip
+        tok = self.setup.tokenizer
+        prompts: list[str] = []
+        responses: list[str] = []
+        answers: list[str] = []
+        for name, out in (("prompts", prompts), ("responses", responses)):
+            for part in batch.columns[name].split(batch.lengths[name].tolist()):
+                out.append(tok.decode(part.tolist(), skip_special_tokens=True))
+        for part in batch.columns["answer"].split(batch.lengths["answer"].tolist()):
+            answers.append(tensor_text(part.to(torch.uint8)))
+        return build_samples(
+            step, prompts, responses, answers, batch.columns["rm_scores"].tolist(),
+            batch.columns["accuracy"].tolist(), self.reward.verifiers,
+        )  # fmt: skip
 
     # -- running stages -------------------------------------------------------------------------
 

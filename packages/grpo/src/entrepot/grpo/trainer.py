@@ -2,7 +2,8 @@
 
 `Trainer` owns the lifecycle around the step: it launches the cluster (`workers.launch`: Ray or this
 process, decided there once), runs `step.GRPOStep` until `max_steps` or the target accuracy, writes
-metrics, saves and restores checkpoints, and stops the workers. What one step does, top to bottom,
+metrics and samples (`metrics.jsonl`, `samples.jsonl`, TensorBoard, W&B), saves and restores
+checkpoints, and stops the workers. What one step does, top to bottom,
 is in `step.py`.
 """
 
@@ -18,16 +19,17 @@ import torch
 
 from entrepot.dock import DockStateError
 from entrepot.grpo.config import GRPOConfig, config_to_dict
-from entrepot.grpo.data.sources import build_task
+from entrepot.grpo.data.sources import TaskSetup, build_task, encode_prompt
 from entrepot.grpo.embedded.threads import configure_threads
 from entrepot.grpo.engines.registry import choose_engines
 from entrepot.grpo.errors import CheckpointError
 from entrepot.grpo.run import checkpoint as ckpt
 from entrepot.grpo.run.deployment import uses_ray
 from entrepot.grpo.run.identity import create_run
-from entrepot.grpo.run.metrics import MetricsWriter
+from entrepot.grpo.run.metrics import MetricsWriter, WandbWriter
 from entrepot.grpo.run.resume import ResumePoint
-from entrepot.grpo.step import GRPOStep
+from entrepot.grpo.run.samples import SamplesWriter
+from entrepot.grpo.step import SAMPLES_KEY, GRPOStep
 from entrepot.grpo.workers import (
     ActorWorker,
     Pending,
@@ -86,11 +88,17 @@ class Trainer:
         self.dock = self.cluster.dock
         self.actors, self.rewards = self.cluster.actors, self.cluster.rewards
         self.setup = build_task(config, self._tokenizer())
+        for line in _prompt_lines(config, self.setup):
+            say(line)
         self.grpo_step = GRPOStep(config, self.cluster, self.setup)
         self.step = 0
         self.history: list[dict[str, Any]] = []  # this session's steps (kept when interrupted)
         self.metrics = MetricsWriter(self.run_dir, config.logging)
+        self.samples = SamplesWriter(self.run_dir)
+        self.wandb: WandbWriter | None = None
         try:
+            if config.logging.wandb:
+                self.wandb = WandbWriter(self.run_dir, config.logging, config.name, config_to_dict(config))
             self._wait([
                 self.actors.call(ActorWorker.ready), self.rewards.call(RewardWorker.ready),
                 *([self.cluster.references.call(ReferenceWorker.ready)] if self.cluster.references else []),
@@ -143,10 +151,15 @@ class Trainer:
                 at_boundary = False
                 metrics = self.train_step()
                 at_boundary = True
+                samples = metrics.pop(SAMPLES_KEY, None)  # records of their own, not metrics
                 history.append(metrics)
                 self.metrics.write(metrics)
-                if on_step is not None:
-                    on_step(metrics)
+                if samples is not None:
+                    self.samples.write(samples)
+                if self.wandb is not None:
+                    self.wandb.write(metrics, samples)
+                if on_step is not None:  # a display shows the latest sample
+                    on_step(metrics if samples is None else {**metrics, SAMPLES_KEY: samples})
                 every = self.config.checkpoint.save_every
                 if every and self.step % every == 0 and self.step < self.config.max_steps:
                     self.save()
@@ -211,6 +224,7 @@ class Trainer:
         self.step = point.step
         self.grpo_step.restored(int(meta["data_position"]))  # after the dock: its counters as saved
         self.metrics.truncate(self.step)  # steps after the checkpoint run again
+        self.samples.truncate(self.step)
         (self.run_dir / "resumed_from.json").write_text(
             json.dumps({"checkpoint": str(directory), "step": self.step})
         )
@@ -228,7 +242,29 @@ class Trainer:
     def close(self) -> None:
         """Stop the workers (the Ray runtime itself stays up for the next run in this process)."""
         self.metrics.close()
+        if self.wandb is not None:
+            self.wandb.close()
         self.cluster.close()
+
+
+def _prompt_lines(config: GRPOConfig, setup: TaskSetup) -> list[str]:
+    """Start-up lines: whether prompts go through a chat template, and the first one as tokens decode.
+
+    The first prompt is the data source's first (a pure function of the position: no random draws).
+    """
+    if setup.use_chat_template:
+        how = "prompts: chat template applied (model.path's tokenizer)"
+    else:
+        how = "prompts: plain text (no chat template)"
+    first = setup.source.batch(0, 1)[0].prompt
+    ids = encode_prompt(setup, first, max_tokens=2**62)  # too long fails in the step, naming the key
+    shown = repr(setup.tokenizer.decode(ids, skip_special_tokens=False))
+    if len(shown) > _PROMPT_SHOWN:
+        shown = shown[: _PROMPT_SHOWN - 3] + "..."
+    return [how, f"first prompt as the model sees it: {shown}"]
+
+
+_PROMPT_SHOWN = 160  # characters of the first prompt's repr on its start-up line
 
 
 def _other_workers(config: GRPOConfig) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath, PureWindowsPath
 
-from entrepot.grpo.config.fields import check, doc
+from entrepot.grpo import _install
+from entrepot.grpo.config.fields import check, check_choice, doc
 
 __all__ = ["CheckpointConfig", "EvalConfig", "LoggingConfig"]
 
@@ -45,7 +46,7 @@ class EvalConfig:
 
 @dataclass(kw_only=True)
 class LoggingConfig:
-    """Where metrics go."""
+    """Where metrics and samples go."""
 
     metrics_file: str = field(
         default="metrics.jsonl", metadata=doc("JSON-lines metrics file inside the run directory.")
@@ -58,7 +59,37 @@ class LoggingConfig:
         ),
     )
 
+    samples_every: int = field(
+        default=10,
+        metadata=doc(
+            "Every N steps write a few sampled prompts, responses, rewards and per-verifier parts to "
+            "samples.jsonl in the run directory (0 = off)."
+        ),
+    )
+    samples_per_step: int = field(
+        default=4, metadata=doc("Samples written per sampled step (one response of each prompt first).")
+    )
+    wandb: bool = field(
+        default=False,
+        metadata=doc(
+            f"Also log to Weights & Biases ({_install.WANDB}): scalars every step, a "
+            "table of the samples, into RUN/wandb/."
+        ),
+    )
+    wandb_project: str = field(default="entrepot", metadata=doc("The Weights & Biases project."))
+    wandb_mode: str = field(
+        default="offline",
+        metadata=doc(
+            "offline (files only; upload later with `wandb sync RUN/wandb/offline-run-*`) or online "
+            "(needs `wandb login`); the WANDB_MODE environment variable, when set, wins."
+        ),
+    )
+
     def __post_init__(self) -> None:
+        check(self.samples_every >= 0, "logging.samples_every", self.samples_every, ">= 0")
+        check(self.samples_per_step >= 1, "logging.samples_per_step", self.samples_per_step, ">= 1")
+        check_choice("logging.wandb_mode", self.wandb_mode, ("offline", "online"))
+        check(bool(self.wandb_project), "logging.wandb_project", self.wandb_project, "a non-empty name")
         # every output of a run stays in its run directory: no absolute path, no way up
         path = PurePosixPath(self.metrics_file.replace("\\", "/"))
         check(

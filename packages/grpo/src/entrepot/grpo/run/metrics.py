@@ -1,4 +1,5 @@
-"""Per-step metrics: merged across ranks, appended to metrics.jsonl, mirrored to TensorBoard.
+"""Per-step metrics: merged across ranks, appended to metrics.jsonl, mirrored to TensorBoard and
+(`logging.wandb`) to Weights & Biases.
 
 A resumed run writes, at every step, the same values as a run that was never stopped, except for
 the keys `is_measured` names: seconds and rates, and memory peaks, which are measurements of the
@@ -11,15 +12,28 @@ are cumulative over the run and checkpointed with it; a step reports what it mov
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from entrepot.grpo import _install
+from entrepot.grpo.errors import GRPOConfigError
 
 if TYPE_CHECKING:
     from entrepot.grpo.config import LoggingConfig
 
-__all__ = ["MetricsWriter", "dock_step_metrics", "is_measured", "merge_rank_metrics", "read_metrics"]
+__all__ = [
+    "MetricsWriter",
+    "WandbWriter",
+    "check_wandb",
+    "dock_step_metrics",
+    "is_measured",
+    "merge_rank_metrics",
+    "read_metrics",
+]
 
 # Stage timings of parallel ranks overlap: the step waits for the slowest one; memory peaks likewise.
 _MAX_KEYS = ("time/", "memory/")
@@ -129,3 +143,63 @@ class MetricsWriter:
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """All step records of a metrics.jsonl file."""
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def _numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The numeric values of a step's metrics (a flag or a text is not a scalar to plot)."""
+    return {
+        key: float(value)
+        for key, value in metrics.items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+    }
+
+
+def check_wandb(config: LoggingConfig) -> None:
+    """Raise `GRPOConfigError` before the run starts if `logging.wandb` is set and wandb is not installed."""
+    if config.wandb and importlib.util.find_spec("wandb") is None:
+        raise GRPOConfigError(
+            f"logging.wandb (true) needs wandb, which is not installed: {_install.WANDB}, "
+            "or logging.wandb=false"
+        )
+
+
+_SAMPLE_COLUMNS = ("step", "prompt", "response", "answer", "reward", "accuracy", "parts")
+
+
+class WandbWriter:
+    """Logs each step's numeric metrics, and a table of its samples, to a Weights & Biases run.
+
+    The run's files go to `run_dir/wandb/` (offline: `offline-run-*`, uploaded later with `wandb sync`).
+    The mode is `logging.wandb_mode` unless the WANDB_MODE environment variable says otherwise. Each
+    session (a resume too) is a W&B run of its own, named after the config's `name`.
+
+    Args:
+        run_dir: the run directory.
+        config: the `logging` section.
+        name: the run's name.
+        run_config: the whole config as a dict (shown with the W&B run).
+    """
+
+    def __init__(
+        self, run_dir: Path, config: LoggingConfig, name: str, run_config: Mapping[str, Any]
+    ) -> None:
+        import wandb
+
+        mode: Literal["online", "offline"] = "online" if config.wandb_mode == "online" else "offline"
+        self._wandb = wandb
+        self._run = wandb.init(  # None: wandb reads WANDB_MODE itself
+            project=config.wandb_project, name=name, dir=str(run_dir), config=dict(run_config),
+            mode=None if os.environ.get("WANDB_MODE") else mode,
+        )  # fmt: skip
+
+    def write(self, metrics: Mapping[str, Any], samples: Sequence[Mapping[str, Any]] | None = None) -> None:
+        """Log one step: its numbers, and its samples as a table (`samples`) when it wrote some."""
+        record: dict[str, Any] = _numbers(metrics)
+        step = int(record.pop("step"))
+        if samples:
+            rows = [[*(s[c] for c in _SAMPLE_COLUMNS[:-1]), json.dumps(s["parts"])] for s in samples]
+            record["samples"] = self._wandb.Table(columns=list(_SAMPLE_COLUMNS), data=rows)
+        self._run.log(record, step=step)
+
+    def close(self) -> None:
+        self._run.finish()

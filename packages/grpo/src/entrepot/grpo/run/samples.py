@@ -1,0 +1,93 @@
+"""What the model generates: a few prompts, responses and rewards every `logging.samples_every` steps.
+
+Each sample is one JSON line of `RUN/samples.jsonl`:
+
+    {"step": 10, "prompt": "...", "response": "...", "answer": "...", "reward": 0.75,
+     "parts": {"partial_credit": 0.75}, "accuracy": 0.0}
+
+`reward` is the step's reward of the row (`rm_scores`: the verifiers' weighted sum, plus reward models
+and overlong shaping when configured); `parts` is each verifier's weighted share of it, scored again
+here for the few rows written. Decoding and scoring draw no random numbers: a run that writes samples
+trains exactly as one that does not. A resumed run drops the samples of the steps it repeats
+(`SamplesWriter.truncate`), as `metrics.jsonl` does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from entrepot.grpo.data import rewards
+
+__all__ = ["SAMPLES_FILE", "SamplesWriter", "build_samples", "pick_rows", "read_samples"]
+
+SAMPLES_FILE = "samples.jsonl"
+
+
+def pick_rows(rows: torch.Tensor, n_samples_per_prompt: int, count: int) -> torch.Tensor:
+    """Up to `count` of a step's `rows` (groups of n): the first response of each group, then the rest.
+
+    Args:
+        rows: int64 [B] the step's dock rows, group after group.
+        n_samples_per_prompt: the group size n.
+        count: how many to pick.
+
+    Returns:
+        int64 [min(count, B)]: distinct prompts first, in row order.
+    """
+    firsts = rows[::n_samples_per_prompt]  # [B / n]
+    if firsts.numel() >= count:
+        return firsts[:count]
+    others = torch.cat([rows[i::n_samples_per_prompt] for i in range(1, n_samples_per_prompt)])
+    return torch.cat([firsts, others[: count - firsts.numel()]])
+
+
+def build_samples(
+    step: int,
+    prompts: Sequence[str],
+    responses: Sequence[str],
+    answers: Sequence[str],
+    scores: Sequence[float],
+    accuracy: Sequence[float],
+    verifiers: Mapping[str, float],
+) -> list[dict[str, Any]]:
+    """One record per row: its texts, reward, accuracy and each verifier's weighted part of the reward."""
+    parts = {name: rewards.score(responses, answers, {name: weight}) for name, weight in verifiers.items()}
+    return [
+        {
+            "step": step,
+            "prompt": prompts[i],
+            "response": responses[i],
+            "answer": answers[i],
+            "reward": float(scores[i]),
+            "parts": {name: values[i] for name, values in parts.items()},
+            "accuracy": float(accuracy[i]),
+        }
+        for i in range(len(prompts))
+    ]
+
+
+class SamplesWriter:
+    """Appends sample records to `run_dir/samples.jsonl` (created on the first write)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / SAMPLES_FILE
+
+    def write(self, samples: Sequence[Mapping[str, Any]]) -> None:
+        with self.path.open("a") as f:
+            f.writelines(json.dumps(dict(sample)) + "\n" for sample in samples)
+
+    def truncate(self, last_step: int) -> None:
+        """Drop samples of steps after `last_step` (a resumed run repeats them)."""
+        if self.path.is_file():
+            kept = [s for s in read_samples(self.path) if int(s["step"]) <= last_step]
+            self.path.write_text("".join(json.dumps(s) + "\n" for s in kept))
+
+
+def read_samples(path: str | Path) -> list[dict[str, Any]]:
+    """Every sample record of a samples.jsonl file, in order."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
