@@ -108,5 +108,7 @@ def test_lora_without_peft_is_refused_with_the_install_command(monkeypatch: pyte
     import sys
 
     monkeypatch.setitem(sys.modules, "peft", None)  # import machinery's "not installed"
-    with pytest.raises(GRPOConfigError, match=r'^model\.lora\.rank \(8\) needs peft.*pip install "peft'):
+    with pytest.raises(
+        GRPOConfigError, match=r'^model\.lora\.rank \(8\) needs peft.*pip install "\./packages/grpo\[lora\]"'
+    ):
         check_machine(load_config(None, ["model.lora.rank=8"]))

