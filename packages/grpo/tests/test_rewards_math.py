@@ -124,7 +124,9 @@ def test_gold_is_read_once() -> None:
     gold_answer.cache_clear()
     rewards.score(["#### 72"] * 8, [GSM8K_GOLD] * 8, {"gsm8k": 1.0, "boxed_math": 1.0})
     info = gold_answer.cache_info()
-    assert info.misses == 2  # one per (answer, numeric) pair
+    # gsm8k reads the gold once for 8 responses; boxed_math finds no box in them and reads nothing
+    # (the up-front check takes "72" as a plain number without parsing it)
+    assert (info.misses, info.hits) == (1, 7)
 
 
 def test_scores_from_a_worker_thread() -> None:

@@ -23,9 +23,11 @@ from entrepot.grpo.errors import RewardError
 
 __all__ = [
     "LAST_NUMBER",
+    "PLAIN_NUMBER",
     "MathAnswer",
     "after_marker",
     "gold_answer",
+    "gold_value",
     "last_boxed",
     "response_answer",
     "same_answer",
@@ -84,6 +86,18 @@ def after_marker(text: str) -> str | None:
     return words[0] if words else ""
 
 
+def gold_value(reference: str) -> str:
+    """The text of the gold answer in `reference`: after GSM8K's ``####``, else the last ``\\boxed{}``,
+    else the whole reference (dollar signs and spaces stripped)."""
+    marked = after_marker(reference)
+    value = marked if marked is not None else last_boxed(reference)
+    return (value if value is not None else reference).strip().strip("$").strip()
+
+
+PLAIN_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+"""A gold value math-verify always reads as a number (``72``, ``1,000``, ``-3.5``): checks skip its parse."""
+
+
 @lru_cache(maxsize=2**16)  # each answer is scored once per sample of its prompt, every epoch
 def gold_answer(reference: str, *, numeric: bool = False) -> MathAnswer:
     """The gold answer in `reference`, read the same way for every math verifier.
@@ -97,14 +111,19 @@ def gold_answer(reference: str, *, numeric: bool = False) -> MathAnswer:
         RewardError: nothing math-verify can read (or, with `numeric`, not a number); the message
             quotes the reference.
     """
-    marked = after_marker(reference)
-    value = marked if marked is not None else last_boxed(reference)
-    value = (value if value is not None else reference).strip().strip("$").strip()
+    try:
+        return _gold_parsed(gold_value(reference), numeric)
+    except RewardError as exc:
+        raise RewardError(f"gold answer {reference!r} {exc}") from None
+
+
+@lru_cache(maxsize=2**16)  # one parse per distinct value: a dataset's answers repeat (GSM8K: ~1 in 3)
+def _gold_parsed(value: str, numeric: bool) -> MathAnswer:
     parsed = _parse(f"${value}$", latex_only=True)
     if not parsed:
-        raise RewardError(f"gold answer {reference!r} has no math answer math-verify can read ({value!r})")
+        raise RewardError(f"has no math answer math-verify can read ({value!r})")
     if numeric and not any(getattr(expr, "is_number", False) for expr in parsed):
-        raise RewardError(f"gold answer {reference!r} is not a number ({value!r} reads as {parsed[0]})")
+        raise RewardError(f"is not a number ({value!r} reads as {parsed[0]})")
     return parsed
 
 
