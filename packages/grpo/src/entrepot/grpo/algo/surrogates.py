@@ -47,15 +47,19 @@ def _log_ratio(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
     return (logp - old_logp).clamp(-20.0, 20.0)  # [R]
 
 
+def _clipped(ratio: torch.Tensor, advantages: torch.Tensor, low: float, high: float) -> SurrogateOutput:
+    """PPO's pessimistic clip of `ratio` [R] (a token's, or its sequence's): -min(r A, clip(r) A)."""
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1.0 - low, 1.0 + high) * advantages
+    return SurrogateOutput(-torch.minimum(unclipped, clipped), ratio.detach(), (clipped < unclipped).detach())
+
+
 def ppo_clip(
     logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, response_lengths: torch.Tensor,
     clip_low: float, clip_high: float,
 ) -> SurrogateOutput:  # fmt: skip
     """PPO's clipped surrogate on the token ratio, with separate low and high clip."""
-    ratio = _log_ratio(logp, old_logp).exp()  # [R]
-    unclipped = ratio * advantages
-    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
-    return SurrogateOutput(-torch.minimum(unclipped, clipped), ratio.detach(), (clipped < unclipped).detach())
+    return _clipped(_log_ratio(logp, old_logp).exp(), advantages, clip_low, clip_high)
 
 
 def gspo(
@@ -69,10 +73,7 @@ def gspo(
     lengths = response_lengths.to(device=logp.device, dtype=logp.dtype).clamp(min=1)  # [B]
     summed = torch.zeros(response_lengths.numel(), dtype=logp.dtype, device=logp.device)
     sequence_log_ratio = summed.index_add(0, rows, _log_ratio(logp, old_logp)) / lengths  # [B]
-    ratio = sequence_log_ratio.exp()[rows]  # [R]: s_i on every token of row i
-    unclipped = ratio * advantages
-    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
-    return SurrogateOutput(-torch.minimum(unclipped, clipped), ratio.detach(), (clipped < unclipped).detach())
+    return _clipped(sequence_log_ratio.exp()[rows], advantages, clip_low, clip_high)  # s_i on row i's tokens
 
 
 def cispo(

@@ -11,7 +11,8 @@
 
 from __future__ import annotations
 
-from entrepot.grpo.workers.actor import ActorWorker, response_batch
+from entrepot.grpo.workers._update_inputs import response_batch
+from entrepot.grpo.workers.actor import ActorWorker
 from entrepot.grpo.workers.group import LocalWorkerGroup, Pending, WorkerGroup, wait_all
 from entrepot.grpo.workers.launch import Cluster, launch
 from entrepot.grpo.workers.ranks import RankInfo, rank_layout

@@ -24,10 +24,7 @@ from typing import Any
 
 import torch
 
-from entrepot.dock import Batch, DockClient
-from entrepot.grpo.algo.sequences import ResponseBatch
-from entrepot.grpo.algo.shaping import truncated_rows
-from entrepot.grpo.algo.update import UpdateInputs
+from entrepot.dock import DockClient
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.data.lengths import partial_max_age
 from entrepot.grpo.embedded.threads import configure_threads, use_deterministic_kernels
@@ -41,21 +38,10 @@ from entrepot.grpo.workers._memory import PhaseMemory, Sample
 from entrepot.grpo.workers._model_rewards import MODEL_STAGE, ModelRewards
 from entrepot.grpo.workers._rollout import LogpMismatch, full_rollout, partial_rollout, reshard_metrics
 from entrepot.grpo.workers._stage import SEQUENCE_COLUMNS, DockReader, stage
+from entrepot.grpo.workers._update_inputs import response_batch, update_columns, update_inputs
 from entrepot.grpo.workers.ranks import RankInfo
 
-__all__ = ["ActorWorker", "response_batch"]
-
-_OLD_BEHAVIOUR = "rollout_log_prob"
-"""With partial rollout the importance ratio divides by each token's behaviour log-prob: the policy
-version that sampled it, which for a response spanning rounds is not the policy the update starts from."""
-
-
-def response_batch(batch: Batch) -> ResponseBatch:
-    """The prompt+response rows of a packed dock batch."""
-    data = batch.columns
-    return ResponseBatch.from_packed(
-        data["prompts"], batch.lengths["prompts"], data["responses"], data["response_length"]
-    )
+__all__ = ["ActorWorker"]
 
 
 class ActorWorker:
@@ -261,14 +247,10 @@ class ActorWorker:
         t0 = time.perf_counter()
         cfg, policy = self.config, self.policy
         mine = plan[self.rank.dp_rank]
-        use_ref = cfg.algorithm.kl_coef > 0 and not cfg.algorithm.kl_in_reward
-        if cfg.rollout.partial_max_tokens is not None:
-            old: str | None = _OLD_BEHAVIOUR
-        else:
-            old = "old_log_prob" if with_old else None
-        columns = [*SEQUENCE_COLUMNS, "advantages", *(["ref_log_prob"] if use_ref else []),
-                   *([old] if old else [])]  # fmt: skip
-        inputs = self._update_inputs(dock, columns, mine, use_ref, old)
+        columns = update_columns(cfg.algorithm, cfg.rollout, with_old)
+        rows = [row for mini in mine for row in mini]
+        got = self.reader.take(dock, "actor_train", columns[0], rows) if rows else None
+        inputs = update_inputs(got, mine, columns, cfg.algorithm, policy.sampling)
         memory: dict[str, float] = {}
         with self.memory.phase("update", memory) as sample:
             t_switch = time.perf_counter()
@@ -284,37 +266,6 @@ class ActorWorker:
         metrics["time/reshard_to_train"] = to_train
         metrics["train_tokens"] = float(inputs.batch.lengths.sum()) if self.rank.reads_dock else 0.0
         return metrics
-
-    def _update_inputs(
-        self,
-        dock: DockClient,
-        columns: list[str],
-        plan: Sequence[Sequence[int]],
-        use_ref: bool,
-        old: str | None,
-    ) -> UpdateInputs:
-        """This rank's rows of the update; the ratio's old log-probs come from column `old` (None: the
-        current ones, detached)."""
-        rows = [row for mini in plan for row in mini]
-        sizes = torch.tensor([len(mini) for mini in plan], dtype=torch.int64)
-        local = torch.split(torch.arange(len(rows)), sizes.tolist())
-        if not rows:  # this rank holds no row of this step (a short dynamic-sampling step): zeros
-            empty = torch.zeros(0, dtype=torch.int64)
-            batch = ResponseBatch(empty, empty, empty)
-            return UpdateInputs(batch, torch.zeros(0), None if old is None else torch.zeros(0),
-                                torch.zeros(0) if use_ref else None, local)  # fmt: skip
-        got = self.reader.take(dock, "actor_train", columns, rows)
-        data, batch, sampling = got.columns, response_batch(got), self.policy.sampling
-        return UpdateInputs(
-            batch=batch,
-            advantages=data["advantages"].float(),
-            old_logp=None if old is None else data[old].float(),
-            ref_logp=data["ref_log_prob"] if use_ref else None,
-            mini_batches=local,
-            horizon=self.config.algorithm.loss_horizon or sampling.max_new_tokens,
-            keep=~truncated_rows(batch, sampling.max_new_tokens, sampling.stop_token_ids)
-            if self.config.algorithm.mask_truncated else None,
-        )  # fmt: skip
 
     def evaluate(self, num_prompts: int | None = None) -> dict[str, float]:
         """Greedy accuracy on held-out prompts with freshly resharded weights."""

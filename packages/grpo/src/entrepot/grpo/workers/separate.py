@@ -17,7 +17,7 @@ from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.embedded.threads import configure_threads
 from entrepot.grpo.workers._model_rewards import MODEL_STAGE, ModelRewards
 from entrepot.grpo.workers._stage import SEQUENCE_COLUMNS, DockReader, stage
-from entrepot.grpo.workers.actor import response_batch
+from entrepot.grpo.workers._update_inputs import response_batch
 from entrepot.grpo.workers.ranks import RankInfo
 
 __all__ = ["ReferenceWorker", "RewardModelWorker"]
