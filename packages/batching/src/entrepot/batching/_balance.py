@@ -1,13 +1,16 @@
 """DP balance: spread sequences (or whole prompt groups) over data-parallel ranks by token count.
 
-Sorted greedy (LPT, the heap partitioner of verl / MindSpeed-RL) runs first, then exchanges
-between ranks (``_refine``) lower its heaviest ranks towards the lower bound max(ceil(total / k),
-heaviest group), below which no plan can go. A plan within ``tolerance`` of the bound (default
+Sorted greedy (LPT, the heap partitioner of verl / MindSpeed-RL: one sort, then one ``heapreplace``
+on plain ints per item, ``_partition.lpt``) runs first, then exchanges between ranks (``_refine``)
+lower its heaviest ranks towards the lower bound max(ceil(total / k), heaviest group), below which
+no plan can go. A plan within ``tolerance`` of the bound (default
 0.01%) is returned at once; otherwise Karmarkar-Karp runs too and the plan with the lighter
 heaviest rank wins (a tie keeps the LPT-based one). The tolerance is there because the last few
 tokens cost the most: at 1,024 sequences over 32 ranks, LPT ends 16 tokens (0.05%) over the bound
 and closing that takes 33 exchanges, twice the LPT pass's time, for no measurable step time.
-Cost: O(N log N); the exchanges cost at most N / 2 + 64 probes, usually a few per rank.
+Cost: O(N log N); the exchanges cost at most N / 2 + 64 probes, usually a few per rank. When LPT
+is within the tolerance (most batches of a few thousand sequences), nothing else runs: no
+positions, no copies, just each rank's indices sorted.
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from entrepot.batching._errors import InvalidArgumentError
-from entrepot.batching._lengths import LengthsLike, as_length_list, gc_paused
-from entrepot.batching._partition import _karmarkar_karp, _lpt, part_sums, sorted_lpt
+from entrepot.batching._lengths import LengthsLike, as_length_list, gc_paused, refuse_negative
+from entrepot.batching._partition import _karmarkar_karp, lpt, part_sums
 from entrepot.batching._refine import refine_to_target
 
 __all__ = ["RankPlan", "balance_across_ranks", "imbalance"]
@@ -86,7 +89,7 @@ def balance_across_ranks(
     _check_int("group_size", group_size, 1)
     if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not 0 <= tolerance < 1:
         raise InvalidArgumentError(f"tolerance must be a number in [0, 1), got {tolerance!r}")
-    sizes = as_length_list(lengths)
+    sizes = as_length_list(lengths, check_sign=group_size > 1)  # one row per group: LPT's sort finds it
     if len(sizes) % group_size:
         raise InvalidArgumentError(
             f"{len(sizes)} rows do not split into groups of group_size={group_size}; "
@@ -110,35 +113,26 @@ def lower_bound(total: int, heaviest: int, num_ranks: int) -> int:
     return max(-(-total // num_ranks), heaviest)
 
 
-def _lpt_positions(
-    weights: list[int], num_ranks: int, equal_count: bool
-) -> tuple[list[int], list[int], list[list[int]], list[int]]:
-    """LPT as ``sorted_lpt`` returns it; with equal counts, the count-capped LPT in that form."""
-    if not equal_count:
-        return sorted_lpt(weights, num_ranks)
-    order = sorted(range(len(weights)), key=weights.__getitem__, reverse=True)[::-1]
-    position = [0] * len(weights)
-    for place, index in enumerate(order):
-        position[index] = place
-    parts = _lpt(weights, num_ranks, equal_count=True)
-    assert parts is not None  # without a token cap every group fits somewhere
-    positions = [sorted(map(position.__getitem__, part)) for part in parts]
-    return order, [weights[i] for i in order], positions, part_sums(parts, weights)
-
-
 def _balance_groups(
     weights: list[int], num_ranks: int, equal_count: bool, tolerance: float
 ) -> tuple[Method, list[list[int]], list[int]]:
     """(method, group indices per rank, tokens per rank): LPT + swaps, Karmarkar-Karp if that falls short."""
-    order, ordered, parts, loads = _lpt_positions(weights, num_ranks, equal_count)
-    bound = lower_bound(sum(loads), ordered[-1] if ordered else 0, num_ranks)
+    order, parts, loads = lpt(weights, num_ranks, equal_count)
+    if order and weights[order[-1]] < 0:  # the lightest: negative lengths are refused
+        refuse_negative(weights)
+    bound = lower_bound(sum(loads), weights[order[0]] if order else 0, num_ranks)
     target = bound + int(bound * tolerance)
     method: Method = "greedy_lpt"
-    if max(loads) > target and refine_to_target(ordered, parts, loads, target, not equal_count):
-        method = "greedy_lpt_swaps"
-    if max(loads) > target:  # not within the tolerance of optimal: Karmarkar-Karp may do better
-        kk_groups = _karmarkar_karp(weights, num_ranks, equal_count)
-        kk_loads = part_sums(kk_groups, weights)
-        if max(kk_loads) < max(loads):
-            return "karmarkar_karp", kk_groups, kk_loads
-    return method, [sorted(map(order.__getitem__, part)) for part in parts], loads
+    if max(loads) > target:  # LPT is not close enough: exchanges, then maybe Karmarkar-Karp
+        for part in parts:  # LPT placed them heaviest first; the exchanges want them lightest first
+            part.reverse()
+        if refine_to_target(weights, parts, loads, target, not equal_count):
+            method = "greedy_lpt_swaps"
+        if max(loads) > target:  # not within the tolerance of optimal: Karmarkar-Karp may do better
+            kk_groups = _karmarkar_karp(weights, num_ranks, equal_count)
+            kk_loads = part_sums(kk_groups, weights)
+            if max(kk_loads) < max(loads):
+                return "karmarkar_karp", kk_groups, kk_loads
+    for part in parts:
+        part.sort()
+    return method, parts, loads

@@ -14,10 +14,11 @@ from entrepot.batching._errors import InvalidLengthError
 LengthsLike = Sequence[int] | Tensor
 
 
-def as_length_list(lengths: LengthsLike, name: str = "lengths") -> list[int]:
+def as_length_list(lengths: LengthsLike, name: str = "lengths", check_sign: bool = True) -> list[int]:
     """Return ``lengths`` as a list of Python ints, refusing negatives, floats and nested input.
 
-    One ``tolist`` call for a tensor; one pass over the values: O(N).
+    One ``tolist`` call for a tensor; one pass over the values: O(N). ``check_sign=False`` leaves
+    the negatives to the caller (``refuse_negative``), for callers that find the minimum anyway.
     """
     if isinstance(lengths, Tensor):
         if lengths.dim() != 1:
@@ -29,10 +30,16 @@ def as_length_list(lengths: LengthsLike, name: str = "lengths") -> list[int]:
         values = list(lengths)
         if not set(map(type, values)) <= {int}:  # plain ints pass in one C-level pass
             _check_ints(values, name)
+    if check_sign:
+        refuse_negative(values, name)
+    return values
+
+
+def refuse_negative(values: list[int], name: str = "lengths") -> None:
+    """Raise for the first smallest value if it is negative."""
     if values and min(values) < 0:
         index = min(range(len(values)), key=values.__getitem__)
         raise InvalidLengthError(f"{name}[{index}] = {values[index]} is negative; lengths must be >= 0")
-    return values
 
 
 def _check_ints(values: Sequence[object], name: str) -> None:

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import heapq
 from bisect import insort
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from entrepot.batching._errors import InvalidArgumentError
 from entrepot.batching._lengths import LengthsLike, as_length_list, gc_paused
 
-__all__ = ["greedy_lpt", "karmarkar_karp", "part_sums", "sorted_lpt"]
+__all__ = ["greedy_lpt", "karmarkar_karp", "lpt", "part_sums", "sorted_lpt"]
 
 # Above this many new parts a merge re-sorts the whole state instead of inserting one by one.
 _INSERT_LIMIT = 2
@@ -169,51 +169,129 @@ def greedy_lpt(weights: LengthsLike, num_parts: int, equal_count: bool = False) 
     Args:
         weights: N non-negative ints (list or 1-D integer tensor).
         num_parts: k >= 1.
-        equal_count: parts get floor(N/k) or ceil(N/k) items.
+        equal_count: parts get floor(N/k) or ceil(N/k) items; the lightest part that may take one
+            more item gets it (ties to the lower part). For N divisible by k that is the count
+            guard of verl / MindSpeed-RL's heapq partitioner (which breaks ties by count first).
 
     Returns:
         k lists of item indices, each ascending.
     """
     values = as_length_list(weights, "weights")
     with gc_paused():
-        return _greedy_lpt(values, _check_parts(num_parts), equal_count)
+        _, parts, _ = lpt(values, _check_parts(num_parts), equal_count)
+    for part in parts:
+        part.sort()
+    return parts
 
 
-def _greedy_lpt(weights: Sequence[int], num_parts: int, equal_count: bool) -> list[list[int]]:
-    if not equal_count:
-        order, _, parts, _ = sorted_lpt(weights, num_parts)
-        return [sorted(map(order.__getitem__, positions)) for positions in parts]
-    lpt_parts = _lpt(weights, num_parts, equal_count=True)
-    assert lpt_parts is not None  # without a token cap every item fits somewhere
-    return lpt_parts
+def lpt(
+    weights: Sequence[int], num_parts: int, equal_count: bool = False
+) -> tuple[list[int], list[list[int]], list[int]]:
+    """Sorted greedy (LPT) in one pass over the items: ``(order, parts, loads)``.
+
+    ``order`` lists the items heaviest first (ties by ascending index), ``parts[r]`` part r's items
+    in that order (not sorted by index: callers that keep the plan sort it, callers that refine it
+    need it in this order), ``loads[r]`` part r's total. Cost: one sort, then per item one
+    ``heapreplace`` on plain ints and one append.
+    """
+    order = sorted(range(len(weights)), key=weights.__getitem__, reverse=True)
+    if equal_count:
+        parts, loads = _lpt_equal_counts(weights, order, num_parts)
+    else:
+        parts, loads = _lpt_free(weights, order, num_parts)
+    return order, parts, loads
+
+
+def _lpt_free(weights: Sequence[int], order: list[int], num_parts: int) -> tuple[list[list[int]], list[int]]:
+    """LPT without count caps over ``order``: (items per part, loads)."""
+    heap = list(range(num_parts))  # already a heap: every load is 0
+    parts: list[list[int]] = [[] for _ in range(num_parts)]
+    _place(weights, order, heap, [part.append for part in parts])
+    return parts, _loads(heap, num_parts)
+
+
+def _place(
+    weights: Sequence[int], items: list[int], heap: list[int], appends: list[Callable[[int], None]]
+) -> None:
+    """Each of ``items``, in turn, to the lightest part, unchecked: LPT's hot loop.
+
+    The heap holds one int per part, ``load * k + part`` (ties go to the lower part, as with
+    ``(load, part)`` tuples, and the ints stay small), so each item costs one ``heapreplace`` and
+    one append: no tuples.
+    """
+    num_parts = len(appends)
+    replace = heapq.heapreplace
+    for index in items:
+        # heap[0] is read before heapreplace pops it: the popped part gets load + weight back.
+        appends[replace(heap, heap[0] + weights[index] * num_parts) % num_parts](index)
+
+
+def _loads(heap: list[int], num_parts: int) -> list[int]:
+    """Per-part loads from the ``load * k + part`` heap entries."""
+    loads = [0] * num_parts
+    for entry in heap:
+        loads[entry % num_parts] = entry // num_parts
+    return loads
+
+
+# The equal-count LPT places items in unchecked runs while every part has room for at least this
+# many more (and at least k: each run costs O(k) to size); below that, one by one with the check.
+_MIN_RUN = 16
+
+
+def _lpt_equal_counts(
+    weights: Sequence[int], order: list[int], num_parts: int
+) -> tuple[list[list[int]], list[int]]:
+    """LPT over ``order`` where parts get floor(N/k) or ceil(N/k) items: (items per part, loads).
+
+    The lightest part that may take one more item gets it (ties to the lower part). A part with
+    ``room`` items to go below floor(N/k) cannot fill up within the next ``room`` items, so while
+    every part has room, runs of that many items go through ``_place`` unchecked.
+    """
+    base, extra = divmod(len(order), num_parts)
+    heap = list(range(num_parts))
+    parts: list[list[int]] = [[] for _ in range(num_parts)]
+    appends = [part.append for part in parts]
+    start, min_run = 0, max(_MIN_RUN, num_parts)
+    while (room := base - max(map(len, parts))) >= min_run:
+        _place(weights, order[start : start + room], heap, appends)
+        start += room
+    loads = [0] * num_parts
+    full_slots = extra  # parts that may still reach base + 1 items
+    replace, pop = heapq.heapreplace, heapq.heappop
+    for index in order[start:]:
+        entry = heap[0]
+        part = entry % num_parts
+        while len(parts[part]) >= base:  # rare: at most twice per part
+            if len(parts[part]) == base and full_slots:  # it may take one more
+                full_slots -= 1
+                break
+            loads[part] = pop(heap) // num_parts  # full: it leaves the heap
+            entry = heap[0]
+            part = entry % num_parts
+        appends[part](index)
+        replace(heap, entry + weights[index] * num_parts)
+    for entry in heap:
+        loads[entry % num_parts] = entry // num_parts
+    return parts, loads
 
 
 def sorted_lpt(
     weights: Sequence[int], num_parts: int
 ) -> tuple[list[int], list[int], list[list[int]], list[int]]:
-    """Unconstrained LPT, the same plan as ``_lpt`` without caps, at a fraction of its Python cost.
+    """Unconstrained LPT with items addressed by position in a weight-ascending order.
 
     Returns ``(order, ordered, parts, loads)``: ``order`` lists the items by ascending weight (ties
     by descending index: LPT walks it backwards), ``ordered`` their weights; ``parts[r]`` holds the
-    positions in ``order`` of part r's items, ascending; ``loads[r]`` is part r's total. The heap
-    holds one int per part, ``load * k + part`` (ties go to the lower part, as with ``(load, part)``
-    tuples), so each item costs one ``heapreplace`` and one append: no tuples, no second heap call.
+    positions in ``order`` of part r's items, ascending; ``loads[r]`` is part r's total.
     """
-    order = sorted(range(len(weights)), key=weights.__getitem__, reverse=True)[::-1]
-    ordered = [weights[i] for i in order]
-    heap = list(range(num_parts))  # already a heap: every load is 0
-    parts: list[list[int]] = [[] for _ in range(num_parts)]
-    appends = [part.append for part in parts]
-    replace = heapq.heapreplace
-    for position in range(len(order) - 1, -1, -1):  # heaviest first
-        # heap[0] is read before heapreplace pops it: the popped part gets load + weight back.
-        appends[replace(heap, heap[0] + ordered[position] * num_parts) % num_parts](position)
-    for part in parts:
-        part.reverse()
-    loads = [0] * num_parts
-    for entry in heap:
-        loads[entry % num_parts] = entry // num_parts
-    return order, ordered, parts, loads
+    descending, parts, loads = lpt(weights, num_parts)
+    order = descending[::-1]
+    position = [0] * len(order)
+    for place, index in enumerate(order):
+        position[index] = place
+    positions = [[position[index] for index in reversed(part)] for part in parts]
+    return order, [weights[i] for i in order], positions, loads
 
 
 def _lpt(
