@@ -8,15 +8,8 @@ import pytest
 import torch
 
 from entrepot.dock import InvalidArgumentError
-from entrepot.dock._channel import (
-    _DIR,
-    MIN_CAPACITY,
-    ChannelTable,
-    attach,
-    capacity_for,
-    create,
-    unlink,
-)
+from entrepot.dock._channel import DIRECTORY, MIN_CAPACITY, attach, capacity_for, create, unlink
+from entrepot.dock._channel_table import ChannelTable
 
 
 @pytest.fixture
@@ -29,7 +22,7 @@ def channel():
 def test_both_sides_see_the_same_bytes_after_the_name_is_gone(channel):
     other = attach(channel.name, channel.capacity)
     unlink(channel)
-    assert not os.path.exists(os.path.join(_DIR, channel.name))
+    assert not os.path.exists(os.path.join(DIRECTORY, channel.name))
     channel.buffer[:4] = torch.tensor([1, 2, 3, 4], dtype=torch.uint8)
     assert other.buffer[:4].tolist() == [1, 2, 3, 4]
 
@@ -43,16 +36,16 @@ def test_the_actor_maps_only_a_channel_file_of_this_user_and_size(channel, tmp_p
     missing = "entrepot-dock-channel-" + "0" * 32
     with pytest.raises(InvalidArgumentError, match="cannot be opened"):
         attach(missing, MIN_CAPACITY)
-    assert not os.path.exists(os.path.join(_DIR, missing))  # nothing was created by the attempt
+    assert not os.path.exists(os.path.join(DIRECTORY, missing))  # nothing was created by the attempt
     target = tmp_path / "target"
     target.write_bytes(b"\0" * MIN_CAPACITY)
     link = "entrepot-dock-channel-" + "1" * 32
-    os.symlink(target, os.path.join(_DIR, link))
+    os.symlink(target, os.path.join(DIRECTORY, link))
     try:
         with pytest.raises(InvalidArgumentError, match="cannot be opened"):
             attach(link, MIN_CAPACITY)  # a link is never followed, whatever it points at
     finally:
-        os.unlink(os.path.join(_DIR, link))
+        os.unlink(os.path.join(DIRECTORY, link))
 
 
 def test_the_table_hands_out_room_only_in_a_known_channel_large_enough(channel):

@@ -25,7 +25,7 @@ from entrepot.dock import (  # noqa: E402
     Padding,
     UnknownColumnError,
 )
-from entrepot.dock._channel import _DIR as _channel_dir  # noqa: E402
+from entrepot.dock._channel import DIRECTORY as _channel_dir  # noqa: E402
 from entrepot.dock.ray import RayDockClient  # noqa: E402
 
 # Client actors are defined here; ship this module's code to the workers by value (pytest's importlib
@@ -219,7 +219,11 @@ def _same_batch(got, want) -> None:
 
 
 def _channel_files() -> list[str]:
-    return [name for name in os.listdir(_channel_dir) if name.startswith("entrepot-dock-channel-")]
+    return [
+        name
+        for name in os.listdir(_channel_dir)
+        if name.startswith(("entrepot-dock-channel-", "entrepot-dock-link-"))
+    ]
 
 
 def test_large_puts_and_gets_go_through_the_shared_memory_channel_as_copies():
@@ -248,6 +252,13 @@ def test_large_puts_and_gets_go_through_the_shared_memory_channel_as_copies():
     packed = client.get("c", ["x", "id"], 16, layout="packed")
     _same_batch(packed, local.get("c", ["x", "id"], 16, layout="packed"))
     assert client.channel_gets == 4 and client.channel_puts == 1
+    # Once the channel exists, small calls take its link too (no Ray call for a put or get).
+    client.reset()
+    local.reset()
+    for each in (client, local):
+        each.put({"x": [torch.ones(3)], "id": torch.tensor([5])}, [5])
+    _same_batch(client.get("c", ["x", "id"], 1), local.get("c", ["x", "id"], 1))
+    assert client.channel_gets == 5 and client.channel_puts == 2
 
 
 def test_a_call_the_channel_cannot_take_goes_through_ray_and_a_new_channel_follows():
@@ -318,3 +329,14 @@ def test_a_dead_dock_actor_is_named_with_its_node_and_address():
             call()
     with pytest.raises(DockShardLostError, match=rf"dock's actor on node {re.escape(address)}"):
         bare.progress("c")
+    # A client whose calls go over its channel's link (see _link) names the lost actor the same way.
+    linked = RayDockClient.launch(ExperienceDock, capacity=4, columns=["x"], consumers=["c"])
+    linked.put({"x": [torch.ones(300_000)]}, [0])  # 2.4 MB: through Ray, then a channel is made
+    linked.put({"x": [torch.ones(8)]}, [1])
+    assert linked.channel_puts == 1
+    ray.kill(linked.actor)
+    for call in (lambda: linked.get("c", ["x"], 1), lambda: linked.put({"x": [torch.ones(8)]}, [2])):
+        with pytest.raises(
+            DockShardLostError, match=rf"dock's actor on node {re.escape(linked.node)} is lost"
+        ):
+            call()

@@ -386,7 +386,7 @@ def test_a_get_that_fails_in_the_client_after_the_take_gives_its_rows_back(plain
     count no get, and the next get takes them."""
     import entrepot.dock._dock as one_module
     import entrepot.dock._ray_client as ray_module
-    import entrepot.dock._sharded_client as sharded_module
+    import entrepot.dock._shard_router as sharded_module
 
     dock = plain
     dock("put", {"x": [torch.arange(n + 1) for n in range(8)]}, range(8))

@@ -23,15 +23,13 @@ import re
 import secrets
 import stat
 import tempfile
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 
 from entrepot.dock._errors import InvalidArgumentError
 
-_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+DIRECTORY = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 _PREFIX = "entrepot-dock-channel-"
 _NAME = re.compile(re.escape(_PREFIX) + "[0-9a-f]{32}")
 MIN_CAPACITY = 1 << 20
@@ -65,7 +63,7 @@ def create(capacity: int) -> Channel:
     if os.name != "posix":
         raise OSError("no shared-memory channel on this platform (POSIX only)")  # Ray carries the calls
     name = _PREFIX + secrets.token_hex(16)
-    path = os.path.join(_DIR, name)
+    path = os.path.join(DIRECTORY, name)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         if hasattr(os, "posix_fallocate"):
@@ -83,7 +81,7 @@ def create(capacity: int) -> Channel:
 def unlink(channel: Channel) -> None:
     """Remove the channel's file name; the mappings stay valid until both sides drop them."""
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(_DIR, channel.name))
+        os.unlink(os.path.join(DIRECTORY, channel.name))
 
 
 def attach(name: str, capacity: int) -> Channel:
@@ -96,7 +94,7 @@ def attach(name: str, capacity: int) -> Channel:
     if not _NAME.fullmatch(name):
         raise InvalidArgumentError(f"{name!r} is not a dock channel name")
     try:
-        fd = os.open(os.path.join(_DIR, name), os.O_RDWR | os.O_NOFOLLOW)
+        fd = os.open(os.path.join(DIRECTORY, name), os.O_RDWR | os.O_NOFOLLOW)
     except OSError as error:
         raise InvalidArgumentError(f"dock channel {name!r} cannot be opened: {error}") from None
     try:
@@ -111,39 +109,3 @@ def attach(name: str, capacity: int) -> Channel:
 def _map(fd: int, capacity: int) -> torch.Tensor:
     """uint8 [capacity] over a shared mapping of `fd` (the tensor keeps the mapping alive)."""
     return torch.frombuffer(mmap.mmap(fd, capacity, mmap.MAP_SHARED), dtype=torch.uint8)
-
-
-class ChannelTable:
-    """The channels an actor has mapped, by name; the least recently used goes past `limit`."""
-
-    def __init__(self, limit: int = 64) -> None:
-        self.limit = limit
-        self._channels: OrderedDict[str, Channel] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def attach(self, name: str, capacity: int) -> None:
-        channel = attach(name, capacity)
-        with self._lock:
-            self._channels[name] = channel
-            self._channels.move_to_end(name)
-            while len(self._channels) > self.limit:
-                self._channels.popitem(last=False)  # its client falls back to Ray and makes another
-
-    def detach(self, name: str) -> None:
-        with self._lock:
-            self._channels.pop(name, None)
-
-    def room(self, name: str | None, nbytes: int) -> torch.Tensor | None:
-        """The first `nbytes` of channel `name`, or None (no channel, unknown, or too small)."""
-        if name is None:
-            return None
-        with self._lock:
-            channel = self._channels.get(name)
-            if channel is not None:
-                self._channels.move_to_end(name)
-        if channel is None or channel.capacity < nbytes:
-            return None
-        return channel.buffer.narrow(0, 0, nbytes)
-
-    def __len__(self) -> int:
-        return len(self._channels)

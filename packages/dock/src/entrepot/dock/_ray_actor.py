@@ -15,7 +15,7 @@ from typing import Any
 import ray
 import torch
 
-from entrepot.dock import _channel
+from entrepot.dock._channel_table import ChannelTable
 from entrepot.dock._checks import GetRequest, checked_again
 from entrepot.dock._columns import ColumnSpec
 from entrepot.dock._dock import ExperienceDock
@@ -46,7 +46,7 @@ class DockActor:
         torch.set_num_threads(num_threads)
         self._dock = dock_cls(**dock_kwargs)
         self._files_root = None if files_root is None else Path(files_root).resolve()
-        self._channels = _channel.ChannelTable()
+        self._channels = ChannelTable()
 
     @ray.method(concurrency_group="put")
     def put_wire(
@@ -120,9 +120,21 @@ class DockActor:
         return str(ray.get_runtime_context().get_node_id())
 
     @ray.method(concurrency_group="put")
-    def attach_channel(self, name: str, capacity: int) -> None:
-        """Map a client's shared-memory channel; only a file `_channel.create` made is accepted."""
-        self._channels.attach(name, capacity)
+    def attach_channel(self, name: str, capacity: int, link: str | None = None) -> None:
+        """Map a client's shared-memory channel (only a file `_channel.create` made is accepted) and
+        serve the puts and gets that come over its `link` socket (see _link)."""
+        self._channels.attach(name, capacity, link, self._link_call)
+
+    def _link_call(self, channel: str, message: tuple[Any, ...]) -> Any:
+        """A put or get that came over channel `channel`'s link: ("put", layout, rows, completed,
+        ack) or ("get", request)."""
+        kind, *args = message
+        if kind == "put":
+            layout, rows, completed, ack = args
+            return self.put_wire(layout, None, rows, completed, ack, channel)
+        if kind == "get":
+            return self.get_wire(args[0], channel)
+        raise InvalidArgumentError(f"dock link call {kind!r} is not one of 'put', 'get'")
 
     @ray.method(concurrency_group="put")
     def detach_channel(self, name: str) -> None:

@@ -27,6 +27,7 @@ from entrepot.dock._errors import DockError, DockShardLostError
 from entrepot.dock._grpo import count_prompts
 from entrepot.dock._inputs import normalize_column, scalar_hint_matters
 from entrepot.dock._leases import Lease
+from entrepot.dock._link import LinkClosed
 from entrepot.dock._options import FIFO, ZERO_PADDING, Padding, Sampler
 from entrepot.dock._put import check_put
 from entrepot.dock._ray_actor import DockActor
@@ -40,6 +41,9 @@ from entrepot.dock._wire import (
     views,
     write_columns,
 )
+
+_NOT_SENT = object()
+"""`_over_link`'s answer for a call the actor did not run."""
 
 Settings = tuple[int, dict[str, ColumnSpec], str | None]
 """(capacity, column specs, rollout consumer) of the actor's dock: what a put is checked against."""
@@ -196,7 +200,8 @@ class RayDockClient:
         try:
             if channel is not None and channel.capacity >= layout.nbytes:
                 write_columns(columns, layout, channel.buffer.narrow(0, 0, layout.nbytes))
-                if self._wait(self.actor.put_wire.remote(layout, None, rows, done, ack, channel.name)):
+                message = ("put", layout, rows, done, ack)
+                if self._over_link(message) is True:  # False: the actor did not know the channel
                     self.channel_puts += 1
                     return
         finally:
@@ -234,8 +239,9 @@ class RayDockClient:
         )  # fmt: skip
         channel = self._channel.claim()
         try:
-            offered = None if channel is None else channel.name
-            reply = self._wait(self.actor.get_wire.remote(request, offered))
+            reply: Any = _NOT_SENT if channel is None else self._over_link(("get", request))
+            if reply is _NOT_SENT:  # no channel, or its link closed before this get was run
+                reply = self._wait(self.actor.get_wire.remote(request, None))
             if reply is None:
                 return None
             wire_layout, array, granted, (nbytes, receipt) = reply
@@ -262,6 +268,17 @@ class RayDockClient:
         if array is not None:
             self._channel.fit(wire_layout.nbytes, channel)
         return batch if granted is None else replace(batch, lease=granted)
+
+    def _over_link(self, message: tuple[Any, ...]) -> Any:
+        """A put or get through the claimed channel's link (see _link); `_NOT_SENT` when the link
+        closed with the actor alive (it dropped the channel between calls: the call was not run,
+        so the caller sends it through Ray). A dead actor is `DockShardLostError` naming its node."""
+        try:
+            return self._channel.call(message)
+        except LinkClosed:
+            self._wait(self.actor.node_id.remote())  # raises DockShardLostError if the actor died
+            self._channel.drop()
+            return _NOT_SENT
 
     def ack(self, lease: Lease, indexes: Sequence[int] | torch.Tensor | None = None) -> None:
         """ExperienceDock.ack in the actor."""

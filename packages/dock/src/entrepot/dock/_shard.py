@@ -2,7 +2,8 @@
 
 A shard is an ExperienceDock used as a store only: the statuses are the controller's (see
 _shard_controller). Clients write a put's rows to it and read a get's rows from it, one wire
-buffer per call (see _wire).
+buffer per call (see _wire): through Ray, or a client on its node through a same-node channel
+whose calls come over the channel's link (see _channel_table).
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from typing import Any
 import ray
 import torch
 
+from entrepot.dock._channel_table import ChannelTable
 from entrepot.dock._columns import SequenceColumn
 from entrepot.dock._dock import ExperienceDock
-from entrepot.dock._errors import NotReadyError
-from entrepot.dock._wire import WireLayout, as_uint8, decode, encode_taken
+from entrepot.dock._errors import InvalidArgumentError, NotReadyError
+from entrepot.dock._wire import WireLayout, as_uint8, decode, taken_layout, write_taken
 
 
 class DockShard:
@@ -25,6 +27,7 @@ class DockShard:
         torch.set_num_threads(1)
         template = dock_cls(**dock_kwargs)
         self._dock = ExperienceDock(template.capacity, columns=template._table.specs, consumers=["shard"])
+        self._channels = ChannelTable()
 
     def node(self) -> str:
         """The Ray node id this shard runs on."""
@@ -33,7 +36,10 @@ class DockShard:
     @ray.method(concurrency_group="io")
     def write(self, layout: WireLayout, buffer: Any, rows: torch.Tensor) -> None:
         """Store a put's rows (the wire buffer holds them in `rows` order)."""
-        _, raw, _ = decode(layout, as_uint8(buffer))
+        self._store(layout, as_uint8(buffer), rows)
+
+    def _store(self, layout: WireLayout, source: torch.Tensor, rows: torch.Tensor) -> None:
+        _, raw, _ = decode(layout, source)
         self._dock.put(
             {name: flat if lengths is None else (flat, lengths) for name, (flat, lengths) in raw.items()},
             rows,
@@ -42,6 +48,15 @@ class DockShard:
     @ray.method(concurrency_group="io")
     def read(self, columns: list[str], rows: torch.Tensor) -> tuple[WireLayout, Any]:
         """`rows` of `columns` as one wire buffer, in `rows` order."""
+        reply = self._read(columns, rows, None)
+        assert reply is not None  # without a channel the rows always have a buffer
+        return reply
+
+    def _read(
+        self, columns: list[str], rows: torch.Tensor, channel: str | None
+    ) -> tuple[WireLayout, Any] | None:
+        """`rows` of `columns` into channel `channel` when it has room (buffer None), else (no channel)
+        into a new buffer; None when the channel is unknown or too small."""
         t = self._dock._table
         with t.cond:
             for name in columns:
@@ -50,10 +65,47 @@ class DockShard:
                     raise NotReadyError(name, int(rows[missing[0, 0]]))
             taken = t.snapshot(columns, rows)
         try:
-            layout, buffer = encode_taken(taken)
+            layout = taken_layout(taken)
+            if channel is None:
+                out: torch.Tensor | None = torch.empty(layout.nbytes, dtype=torch.uint8)
+            else:
+                out = self._channels.room(channel, layout.nbytes)
+            if out is None:
+                return None
+            write_taken(taken, layout, out)
         finally:
             t.done_reading()
-        return layout, buffer.numpy()
+        return layout, out.numpy() if channel is None else None
+
+    @ray.method(concurrency_group="io")
+    def node_id(self) -> str:
+        """The Ray node this shard runs on (a client on the same node may open a channel)."""
+        return self.node()
+
+    @ray.method(concurrency_group="io")
+    def attach_channel(self, name: str, capacity: int, link: str | None = None) -> None:
+        """Map a client's shared-memory channel and serve the writes and reads that come over its
+        `link` socket (see _link)."""
+        self._channels.attach(name, capacity, link, self._link_call)
+
+    @ray.method(concurrency_group="io")
+    def detach_channel(self, name: str) -> None:
+        self._channels.detach(name)
+
+    def _link_call(self, channel: str, message: tuple[Any, ...]) -> Any:
+        """A write or read that came over channel `channel`'s link: ("write", layout, rows) or
+        ("read", columns, rows); None when the channel cannot take it (the client then sends it
+        through Ray)."""
+        kind, first, rows = message
+        if kind == "write":
+            source = self._channels.room(channel, first.nbytes)
+            if source is None:
+                return None
+            self._store(first, source, rows)
+            return True
+        if kind == "read":
+            return self._read(first, rows, channel)
+        raise InvalidArgumentError(f"dock link call {kind!r} is not one of 'write', 'read'")
 
     @ray.method(concurrency_group="io")
     def forget(self, rows: torch.Tensor) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import ray
 import torch
 
+from entrepot.dock import _link
 from entrepot.dock._checks import GetRequest, check_lease, check_rows, checked_again, peek_request
 from entrepot.dock._dock import ExperienceDock
 from entrepot.dock._errors import InvalidArgumentError, NotReadyError
@@ -20,6 +21,9 @@ from entrepot.dock._ledger import Kind, Ledger
 
 COMMIT_WINDOW_S = 60.0
 """How long a put that acks a lease keeps the lease from expiring while it writes to the shards."""
+
+_LINKED = frozenset({"prepare_put", "commit_put", "abort_put", "take", "untake", "call"})
+"""The methods a same-node client may call over its link (see `attach_link`)."""
 
 _CALLS = frozenset(
     {
@@ -109,6 +113,18 @@ class ShardController:
     ) -> None:
         """Give back the rows of a get that failed after `take` (a shard lost, no memory for the batch)."""
         self._ledger._taker.untake_signed(consumer, rows, nbytes, lease, receipt)
+
+    @ray.method(concurrency_group="ctl")
+    def attach_link(self, name: str) -> None:
+        """Serve a same-node client's calls over its socket `name` (see _link), each one of `_LINKED`
+        run as the method of that name; the serving thread ends when the client goes."""
+        _link.Server(_link.connect(name), self._link_call, lambda: None)
+
+    def _link_call(self, message: tuple[str, tuple[Any, ...]]) -> Any:
+        method, args = message
+        if method not in _LINKED:
+            raise InvalidArgumentError(f"sharded dock controller has no linked call {method!r}")
+        return getattr(self, method)(*args)
 
     @ray.method(concurrency_group="ctl")
     def call(self, method: str, args: tuple[Any, ...]) -> Any:

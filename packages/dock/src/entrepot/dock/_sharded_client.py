@@ -18,7 +18,7 @@ import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from entrepot.dock import _sharded_files
-from entrepot.dock._batch import Batch, Layout, build_batch
+from entrepot.dock._batch import Batch, Layout
 from entrepot.dock._checks import check_lease, check_rows, get_request, index_tensor, peek_request
 from entrepot.dock._dock import ExperienceDock
 from entrepot.dock._errors import DockConfigError, DockShardLostError, InvalidArgumentError
@@ -60,6 +60,21 @@ class ShardedDockClient:
     def controller(self) -> Any:
         """The ShardController actor."""
         return self._router.controller
+
+    @property
+    def channel_capacities(self) -> list[int]:
+        """Bytes of this process's same-node channel to each shard (0: none yet, or through Ray)."""
+        return self._router.channel_capacities
+
+    @property
+    def channel_writes(self) -> int:
+        """Shard writes of this process's puts that went through a same-node channel."""
+        return self._router.over_links["write"]
+
+    @property
+    def channel_reads(self) -> int:
+        """Shard reads of this process's gets and peeks that went through a same-node channel."""
+        return self._router.over_links["read"]
 
     @property
     def shards(self) -> list[Any]:
@@ -202,18 +217,18 @@ class ShardedDockClient:
         """Fix the columns' dtypes in the controller, write the shards, then commit the cells ready."""
         router = self._router
         kinds = {name: (column.dtype, column.scalar) for name, column in columns.items()}
-        stored, fixed = router.gather([router.controller.prepare_put.remote(kinds, rows, ack)], [None])[0]
+        stored, fixed = router.control("prepare_put", kinds, rows, ack)
         try:
             router.write(columns, stored, rows)
         except BaseException as error:
             if not (isinstance(error, DockShardLostError) and error.part == "controller"):
-                router.gather([router.controller.abort_put.remote(list(columns), fixed)], [None])
+                router.control("abort_put", list(columns), fixed)
             raise
         lengths = {
             name: torch.zeros(rows.numel(), dtype=torch.int64) if column.lengths is None else column.lengths
             for name, column in columns.items()
         }
-        router.gather([router.controller.commit_put.remote(lengths, rows, done, ack, claimed)], [None])
+        router.control("commit_put", lengths, rows, done, ack, claimed)
 
     def put_prompts(
         self,
@@ -277,17 +292,15 @@ class ShardedDockClient:
             layout=layout, lease=lease, lease_key=lease_key, sampler=sampler, padding=padding,
         )  # fmt: skip
         router = self._router
-        reply = router.gather([router.controller.take.remote(request, router.my_node())], [None])[0]
+        reply = router.control("take", request, router.my_node())
         if reply is None:
             return None
         rows, ages, granted, (nbytes, receipt) = reply
         try:
-            raw = router.read(request.columns, rows, layout)
-            batch = build_batch(rows, raw, ages, layout, padding.value, padding.multiple)
+            batch = router.read_batch(request.columns, rows, ages, layout, padding)
         except BaseException as error:  # the rows go back, as in one dock
             if not (isinstance(error, DockShardLostError) and error.part == "controller"):
-                untake = router.controller.untake.remote(request.consumer, rows, nbytes, granted, receipt)
-                router.gather([untake], [None])
+                router.control("untake", request.consumer, rows, nbytes, granted, receipt)
             raise
         return batch if granted is None else replace(batch, lease=granted)
 
@@ -303,8 +316,7 @@ class ShardedDockClient:
         names, rows = peek_request(columns, indexes, layout, padding)
         ages = self._router.call("check_ready", names, rows, layout, padding)
         rows = check_rows(rows, self.capacity)  # valid: the controller checked them
-        raw = self._router.read(names, rows, layout)
-        return build_batch(rows, raw, ages, layout, padding.value, padding.multiple)
+        return self._router.read_batch(names, rows, ages, layout, padding)
 
     # ------------------------------------------------------------------ statuses
 
