@@ -7,7 +7,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from entrepot.dock import ColumnSpec, ExperienceDock, Padding
-from entrepot.dock._rowcopy import RowSource, pad_rows, unpad_into
+from entrepot.dock._rowcopy import RowSource, gather_into, pad_rows, unpad_into
 
 DTYPES = [torch.int64, torch.int32, torch.int8, torch.float32, torch.float16, torch.bfloat16, torch.bool]
 
@@ -82,3 +82,30 @@ def test_padding_is_the_asked_value_whatever_came_before():
         expected = torch.full_like(tails, pad_value)
         assert torch.equal(tails.view(torch.int32), expected.view(torch.int32))  # bit for bit: -0.0, NaN
         assert out[2, :3].tolist() == [4.0, 5.0, 6.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float16, torch.bool])
+def test_gather_writes_repeated_rows_as_one_memcpy_per_row_would(dtype):
+    """Runs of one row repeated (a fan-out: 1, 2, 3, 8 and 13 copies, empty rows among them) are
+    written once and doubled in place; the result is the rows one after another."""
+    first, second = _padded([40], dtype).reshape(-1), _padded([25], dtype, extra=6).reshape(-1)
+    plan = [
+        (0, 0, 5, 1),
+        (1, 3, 7, 2),
+        (0, 10, 0, 3),
+        (0, 2, 9, 8),
+        (1, 0, 30, 1),
+        (0, 1, 3, 13),
+        (1, 4, 2, 3),
+    ]
+    which, starts, lengths = [], [], []
+    for source, start, length, copies in plan:
+        which += [source] * copies
+        starts += [start] * copies
+        lengths += [length] * copies
+    rows = RowSource([first, second], torch.tensor(which), torch.tensor(starts), torch.tensor(lengths))
+    out = torch.empty(sum(lengths), dtype=dtype)
+    gather_into(rows, out)
+    sources = (first, second)
+    expected = torch.cat([sources[j][s : s + n] for j, s, n in zip(which, starts, lengths, strict=True)])
+    assert torch.equal(out, expected)
