@@ -138,3 +138,22 @@ def test_the_table_closes_the_link_of_a_channel_it_drops_past_its_limit():
     assert _link.call(clients[1], "x") == made[1].name
     with pytest.raises(_link.LinkClosed):
         _link.call(clients[0], "x")  # dropped past the limit: its client falls back to Ray
+
+
+def test_an_interrupted_call_closes_the_socket_so_no_later_call_reads_its_reply(monkeypatch):
+    """Ctrl-C while a reply is awaited: the reply would be read by the next call as its own. The
+    socket is closed instead, and the actor's side sees it close."""
+    closed = threading.Event()
+    client, _ = _pair(lambda message: message, closed.set)
+    real = _link.receive
+
+    def interrupted(connection):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_link, "receive", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _link.call(client, "first")
+    monkeypatch.setattr(_link, "receive", real)
+    assert client.fileno() == -1 and closed.wait(10)
+    with pytest.raises(_link.LinkClosed):
+        _link.call(client, "second")

@@ -25,7 +25,7 @@ import socket
 import stat
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -156,11 +156,17 @@ def call(connection: socket.socket, message: Any) -> Any:
     Raises:
         LinkClosed: the socket closed (or failed) before the reply came.
     """
-    try:
-        send(connection, message)
-    except OSError as error:
-        raise LinkClosed(f"the dock link failed: {error!r}") from None
+    send_checked(connection, message)
     return reply(connection)
+
+
+def send_checked(connection: socket.socket, message: Any) -> None:
+    """`send` for a call: `LinkClosed` if the socket failed; closed if anything else interrupts it."""
+    with _closed_on_interrupt(connection):
+        try:
+            send(connection, message)
+        except OSError as error:
+            raise LinkClosed(f"the dock link failed: {error!r}") from None
 
 
 def reply(connection: socket.socket) -> Any:
@@ -169,13 +175,28 @@ def reply(connection: socket.socket) -> Any:
     Raises:
         LinkClosed: the socket closed (or failed) before the reply came.
     """
-    try:
-        ok, value = receive(connection)
-    except OSError as error:  # LinkClosed, a reset
-        raise LinkClosed(f"the dock link failed: {error!r}") from None
+    with _closed_on_interrupt(connection):
+        try:
+            ok, value = receive(connection)
+        except OSError as error:  # LinkClosed, a reset
+            raise LinkClosed(f"the dock link failed: {error!r}") from None
     if not ok:
         raise value
     return value
+
+
+@contextlib.contextmanager
+def _closed_on_interrupt(connection: socket.socket) -> Iterator[None]:
+    """Close the socket if anything but its own failure interrupts a send or receive (Ctrl-C): half
+    a message, or a reply left unread, would put every later call out of step. The next call then
+    finds it closed; the actor, seeing it close, forgets the channel."""
+    try:
+        yield
+    except LinkClosed:
+        raise
+    except BaseException:
+        connection.close()
+        raise
 
 
 class Server:

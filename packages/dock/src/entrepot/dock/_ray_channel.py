@@ -74,10 +74,7 @@ class ClientChannel:
     def send(self, message: Any) -> None:
         """`call` in two halves: send now, `receive` later (calls to several actors at once)."""
         assert self._connection is not None  # a claimed channel has its link
-        try:
-            _link.send(self._connection, message)
-        except OSError as error:
-            raise _link.LinkClosed(f"the dock link failed: {error!r}") from None
+        _link.send_checked(self._connection, message)
 
     def receive(self) -> Any:
         """The reply to the message `send` sent: its value, or the actor's error raised here."""
