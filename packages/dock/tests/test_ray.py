@@ -11,6 +11,8 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+from tests_support_ray import kill_and_wait  # noqa: E402
+
 from entrepot.dock import (  # noqa: E402
     DockClient,
     DockError,
@@ -334,9 +336,47 @@ def test_a_dead_dock_actor_is_named_with_its_node_and_address():
     linked.put({"x": [torch.ones(300_000)]}, [0])  # 2.4 MB: through Ray, then a channel is made
     linked.put({"x": [torch.ones(8)]}, [1])
     assert linked.channel_puts == 1
-    ray.kill(linked.actor)
+    kill_and_wait(linked.actor)  # (ray.kill only asks: its process may serve the link a moment longer)
     for call in (lambda: linked.get("c", ["x"], 1), lambda: linked.put({"x": [torch.ones(8)]}, [2])):
         with pytest.raises(
             DockShardLostError, match=rf"dock's actor on node {re.escape(linked.node)} is lost"
         ):
             call()
+
+
+def test_gets_are_laid_out_in_reply_regions_and_handed_out_as_views_while_their_batch_lives():
+    """A get whose batch found no free region (none yet, or all busy) comes in the wire format and
+    copied, and the client makes a region (up to 3) for the next: the actor lays the batch out
+    there, padded or packed, and the client hands out views of it. A region is busy while any
+    tensor of its batch lives, so no held batch ever changes; a dropped batch frees its region."""
+    import gc
+
+    local = ExperienceDock(512, columns=["x", "id"], consumers=["c"])
+    client = RayDockClient.launch(ExperienceDock, capacity=512, columns=["x", "id"], consumers=["c"])
+    for start in range(0, 512, 128):
+        rows = torch.arange(start, start + 128)
+        local.put(_long_rows(rows), rows)
+        client.put(_long_rows(rows), rows)
+    padding = Padding(value=-1, multiple=8)
+    held, in_regions = [], []
+    for layout in ("padded", "padded", "packed", "packed", "padded", "padded", "packed"):
+        want = local.get("c", ["x", "id"], 32, layout=layout, padding=padding)
+        got = client.get("c", ["x", "id"], 32, layout=layout, padding=padding)
+        _same_batch(got, want)
+        held.append((got, want))
+        in_regions.append(client.region_gets)
+    del got
+    # copied (a region made) / in region 1 / copied (region 2 made) / in region 2 / copied (region 3)
+    # / in region 3 / copied (all three busy)
+    assert in_regions == [0, 1, 1, 2, 2, 3, 3]
+    column = held[1][0].columns["x"]
+    assert column.shape[1] % 8 == 0 and bool((column == -1).any())  # padded in the region
+    for got, want in held:  # views of regions that no later get reused
+        _same_batch(got, want)
+    del held[3]  # the packed batch in region 2: free again
+    gc.collect()
+    _same_batch(client.get("c", ["x", "id"], 32), local.get("c", ["x", "id"], 32))
+    assert client.region_gets == 4
+    for got, want in held:
+        _same_batch(got, want)
+    assert _channel_files() == []

@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Any
 
 import pytest
 import torch
 
 ray = pytest.importorskip("ray")
+
+from tests_support_ray import kill_and_wait  # noqa: E402
 
 from entrepot.dock import (  # noqa: E402
     DockClient,
@@ -34,20 +35,6 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("local_ray")]  # a Ray of 2 CPUs (conftest)
-
-
-def kill_and_wait(actor: Any, timeout: float = 60.0) -> None:
-    """`ray.kill` and wait until the actor is dead: ray.kill only asks, so a call made right after it
-    may still run on a loaded machine."""
-    ray.kill(actor)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            ray.get(actor.__ray_ready__.remote(), timeout=timeout)
-        except ray.exceptions.RayActorError:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"actor still alive {timeout:g} s after ray.kill")
 
 
 def _sequences(rows: torch.Tensor) -> list[torch.Tensor]:

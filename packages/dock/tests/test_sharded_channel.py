@@ -13,6 +13,8 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+from tests_support_ray import kill_and_wait  # noqa: E402
+
 from entrepot.dock import DockShardLostError, ExperienceDock, UnknownColumnError  # noqa: E402
 from entrepot.dock._channel import DIRECTORY  # noqa: E402
 from entrepot.dock.sharded import ShardedDockClient  # noqa: E402
@@ -91,7 +93,7 @@ def test_a_lost_shard_with_a_channel_is_named_and_the_get_gives_its_rows_back():
         rows = torch.arange(start, start + 64)
         sharded.put(_long_rows(rows), rows)
     assert all(capacity > 0 for capacity in sharded.channel_capacities)
-    ray.kill(sharded.shards[1])
+    kill_and_wait(sharded.shards[1])
     node = ray.get_runtime_context().get_node_id()[:12]
     with pytest.raises(DockShardLostError, match=f"shard 1 on node .*{node}"):
         sharded.get("c", ["x", "id"], 128)  # shard 0 answers over its link, shard 1's link closed

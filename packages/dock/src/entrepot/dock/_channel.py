@@ -34,6 +34,9 @@ _PREFIX = "entrepot-dock-channel-"
 _NAME = re.compile(re.escape(_PREFIX) + "[0-9a-f]{32}")
 MIN_CAPACITY = 1 << 20
 """Puts and replies smaller than this stay on Ray: its fixed cost per object matters less there."""
+MAX_REGIONS = 3
+"""Reply regions per client: a get's batch is laid out in one and handed out as views of it, so a
+region is busy while its batch lives; a consumer holding more batches than this gets copies."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class Channel:
 
     name: str
     buffer: torch.Tensor  # uint8 [capacity], a MAP_SHARED mapping of the file
+    mapping: mmap.mmap  # that mapping (a batch laid out in a reply region views it through numpy)
 
     @property
     def capacity(self) -> int:
@@ -70,7 +74,7 @@ def create(capacity: int) -> Channel:
             os.posix_fallocate(fd, 0, capacity)
         else:  # pragma: no cover - macOS
             os.ftruncate(fd, capacity)
-        return Channel(name, _map(fd, capacity))
+        return Channel(name, *_map(fd, capacity))
     except BaseException:
         os.unlink(path)
         raise
@@ -101,11 +105,12 @@ def attach(name: str, capacity: int) -> Channel:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_size != capacity:
             raise InvalidArgumentError(f"dock channel {name!r} is not a {capacity}-byte file of this user")
-        return Channel(name, _map(fd, capacity))
+        return Channel(name, *_map(fd, capacity))
     finally:
         os.close(fd)
 
 
-def _map(fd: int, capacity: int) -> torch.Tensor:
-    """uint8 [capacity] over a shared mapping of `fd` (the tensor keeps the mapping alive)."""
-    return torch.frombuffer(mmap.mmap(fd, capacity, mmap.MAP_SHARED), dtype=torch.uint8)
+def _map(fd: int, capacity: int) -> tuple[torch.Tensor, mmap.mmap]:
+    """uint8 [capacity] over a shared mapping of `fd` (the tensor keeps the mapping alive), and it."""
+    mapping = mmap.mmap(fd, capacity, mmap.MAP_SHARED)
+    return torch.frombuffer(mapping, dtype=torch.uint8), mapping

@@ -21,7 +21,16 @@ from entrepot.dock._columns import ColumnSpec
 from entrepot.dock._dock import ExperienceDock
 from entrepot.dock._errors import InvalidArgumentError
 from entrepot.dock._leases import Lease
-from entrepot.dock._wire import WireLayout, as_uint8, decode, taken_layout, write_taken
+from entrepot.dock._wire import (
+    GetReply,
+    WireLayout,
+    as_uint8,
+    batch_layout,
+    decode,
+    taken_layout,
+    write_batch,
+    write_taken,
+)
 
 CALLABLE_METHODS = frozenset(
     {
@@ -72,28 +81,45 @@ class DockActor:
         return True
 
     @ray.method(concurrency_group="get")
-    def get_wire(self, request: GetRequest, channel: str | None = None) -> Any:
-        """(layout, buffer, lease, receipt): the rows gathered into the client's `channel` when it has
-        room (buffer None), else into a buffer that Ray carries back; the receipt lets the client give
-        them back (`untake_wire`) if laying its batch out fails."""
+    def get_wire(self, request: GetRequest, channel: str | None = None) -> GetReply | None:
+        """A get through Ray: its rows gathered into the client's `channel` when it has room (the
+        reply's array None), else into a buffer that Ray carries back."""
+        return self._get(request, channel, None)
+
+    def _get(self, request: GetRequest, channel: str | None, region: str | None) -> GetReply | None:
+        """Take a get's rows and write them out: as the batch itself into the client's reply
+        `region` when it has room (the client hands out views of it), else in the wire format into
+        its `channel` or a new buffer. The receipt lets the client give the rows back (`untake_wire`)
+        if laying its batch out fails."""
         taker = self._dock._taker
         request = checked_again(request)
         taken = taker.take(request)
         if taken is None:
             return None
         nbytes = taken.nbytes()
+        padding, array, region_bytes = request.padding, None, 0
+        room: torch.Tensor | None = None
         try:
-            layout = taken_layout(taken)
-            room = self._channels.room(channel, layout.nbytes)
-            buffer = torch.empty(layout.nbytes, dtype=torch.uint8) if room is None else room
-            write_taken(taken, layout, buffer)
+            if channel is not None:  # a client with a channel may have (or make) reply regions
+                layout = batch_layout(taken, request.layout, padding.multiple)
+                room = self._channels.region_room(channel, region, layout.nbytes)
+                region_bytes = layout.nbytes
+                if room is not None:
+                    write_batch(taken, layout, room, padding.value, padding.multiple)
+            if room is None:  # no region offered, or the batch does not fit it
+                region = None
+                layout = taken_layout(taken)
+                room = self._channels.room(channel, layout.nbytes)
+                buffer = torch.empty(layout.nbytes, dtype=torch.uint8) if room is None else room
+                write_taken(taken, layout, buffer)
+                array = None if room is not None else buffer.numpy()
         except BaseException:
             taker.untake(request.consumer, taken.rows, taken.lease, nbytes)
             raise
         finally:
             self._dock._table.done_reading()
         receipt = taker.receipt(request.consumer, taken.rows, nbytes)
-        return layout, None if room is not None else buffer.numpy(), taken.lease, (nbytes, receipt)
+        return GetReply(layout, array, taken.lease, nbytes, receipt, region is not None, region_bytes)
 
     @ray.method(concurrency_group="put")
     def untake_wire(
@@ -127,14 +153,20 @@ class DockActor:
 
     def _link_call(self, channel: str, message: tuple[Any, ...]) -> Any:
         """A put or get that came over channel `channel`'s link: ("put", layout, rows, completed,
-        ack) or ("get", request)."""
+        ack) or ("get", request, reply region or None)."""
         kind, *args = message
         if kind == "put":
             layout, rows, completed, ack = args
             return self.put_wire(layout, None, rows, completed, ack, channel)
         if kind == "get":
-            return self.get_wire(args[0], channel)
+            request, region = args
+            return self._get(request, channel, region)
         raise InvalidArgumentError(f"dock link call {kind!r} is not one of 'put', 'get'")
+
+    @ray.method(concurrency_group="put")
+    def attach_region(self, owner: str, name: str, capacity: int) -> None:
+        """Map a reply region of the client whose channel is `owner` (see `_channel.MAX_REGIONS`)."""
+        self._channels.attach_region(owner, name, capacity)
 
     @ray.method(concurrency_group="put")
     def detach_channel(self, name: str) -> None:

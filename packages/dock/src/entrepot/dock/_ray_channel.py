@@ -15,9 +15,30 @@ import threading
 import weakref
 from typing import Any
 
+import numpy as np
 import ray
+import torch
 
 from entrepot.dock import _channel, _link
+
+
+class Region:
+    """A reply region: shared memory the actor lays a get's batch out in, handed out as views of it.
+    Busy from the get until the batch's last tensor is gone (`hand_out`)."""
+
+    def __init__(self, channel: _channel.Channel) -> None:
+        self.channel = channel
+        self.busy = False
+
+    def view(self, nbytes: int) -> torch.Tensor:
+        """uint8 [nbytes] at the region's start whose memory, once unreferenced, frees the region:
+        a numpy array over the mapping (torch tensors made from it keep it alive)."""
+        base = np.frombuffer(self.channel.mapping, dtype=np.uint8, count=nbytes)
+        weakref.finalize(base, self._free)
+        return torch.from_numpy(base)
+
+    def _free(self) -> None:
+        self.busy = False
 
 
 class ClientChannel:
@@ -40,6 +61,7 @@ class ClientChannel:
         self._forget: weakref.finalize | None = None
         self._floor = 0  # the capacity of the last channel dropped: the next is never smaller
         self._pid = os.getpid()
+        self._regions: list[Region] = []  # reply regions, see `region`
 
     @property
     def capacity(self) -> int:
@@ -82,11 +104,53 @@ class ClientChannel:
         return _link.reply(self._connection)
 
     def drop(self) -> None:
-        """Forget the claimed channel (its link closed): the next large call makes another."""
+        """Forget the claimed channel (its link closed): the next large call makes another. Its
+        regions go with it (the actor forgets them; batches that view one keep it mapped here)."""
         if self._forget is not None:
             self._forget()
         self._floor = max(self._floor, self.capacity)
         self._current = self._connection = self._forget = None
+        self._regions = []
+
+    def region(self) -> Region | None:
+        """A free reply region (the largest), now busy, for the claimed channel's next get; None if
+        every region is busy (or there is none yet)."""
+        free = [region for region in self._regions if not region.busy]
+        if not free:
+            return None
+        region = max(free, key=lambda each: each.channel.capacity)
+        region.busy = True
+        return region
+
+    def fit_region(self, nbytes: int) -> None:
+        """After a get whose batch (`nbytes` laid out) found no free region large enough: make one,
+        or replace the smallest free one, up to `_channel.MAX_REGIONS` (small batches: none)."""
+        if nbytes < _channel.MIN_CAPACITY or not self._lock.acquire(blocking=False):
+            return
+        try:
+            current = self._current
+            if current is None or any(r.channel.capacity >= nbytes for r in self._regions if not r.busy):
+                return
+            free = [region for region in self._regions if not region.busy]
+            if len(self._regions) >= _channel.MAX_REGIONS and not free:
+                return
+            try:
+                region = _channel.create(_channel.capacity_for(nbytes))
+            except OSError:
+                return  # no shared memory to spare: gets copy out of the channel
+            try:
+                if len(self._regions) >= _channel.MAX_REGIONS:
+                    smallest = min(free, key=lambda each: each.channel.capacity)
+                    self._regions.remove(smallest)
+                    ray.get(self.actor.detach_channel.remote(smallest.channel.name))
+                ray.get(self.actor.attach_region.remote(current.name, region.name, region.capacity))
+            except ray.exceptions.RayError:
+                return
+            finally:
+                _channel.unlink(region)
+            self._regions.append(Region(region))
+        finally:
+            self._lock.release()
 
     def fit(self, nbytes: int, offered: _channel.Channel | None) -> None:
         """After a put or a get reply of `nbytes` went through Ray: make (or grow) the channel.

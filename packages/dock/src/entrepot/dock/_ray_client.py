@@ -20,7 +20,7 @@ import ray
 import torch
 
 from entrepot.dock._batch import Batch, Layout, build_batch
-from entrepot.dock._checks import check_lease, get_request, index_tensor, peek_request
+from entrepot.dock._checks import GetRequest, check_lease, get_request, index_tensor, peek_request
 from entrepot.dock._columns import ColumnSpec
 from entrepot.dock._dock import ExperienceDock
 from entrepot.dock._errors import DockError, DockShardLostError
@@ -33,8 +33,10 @@ from entrepot.dock._put import check_put
 from entrepot.dock._ray_actor import DockActor
 from entrepot.dock._ray_channel import ClientChannel
 from entrepot.dock._wire import (
+    GetReply,
     WireLayout,
     as_uint8,
+    batch_of,
     column_buffer,
     columns_layout,
     decode,
@@ -55,7 +57,8 @@ class RayDockClient:
     With `channel` (the default), a client on the actor's node moves puts and get replies of 1 MiB
     or more through a shared-memory channel (see `_channel`), created after the first such call and
     grown when one outgrows it; elsewhere, or with `channel=False`, through Ray's object store.
-    `channel_puts` / `channel_gets` count the calls that used the channel. Pickling drops the
+    `channel_puts` / `channel_gets` count the calls that used the channel, `region_gets` the gets
+    handed out as views of a reply region. Pickling drops the
     channel: each process makes its own.
 
     `node` (or, from `launch`, `node_of`: the actor's pending answer to `node_id`) says where the actor
@@ -74,6 +77,7 @@ class RayDockClient:
         self._channel = ClientChannel(actor, channel)
         self.channel_gets = 0
         self.channel_puts = 0
+        self.region_gets = 0
 
     def __getstate__(self) -> dict[str, Any]:
         known = self._node is not None or (
@@ -228,7 +232,9 @@ class RayDockClient:
         sampler: Sampler = FIFO,
         padding: Padding = ZERO_PADDING,
     ) -> Batch | None:
-        """As ExperienceDock.get; the rows arrive as one zero-copy buffer and are laid out here.
+        """As ExperienceDock.get. Through the channel, the batch comes laid out in a free reply region
+        and its tensors view it (see `_ray_channel.Region`); otherwise the rows arrive as one buffer
+        (the channel's, or Ray's zero-copy one) and are laid out here.
 
         A lease's clock runs in the actor: a reply lost on its way here (this process died) is
         handed out again when the lease expires.
@@ -238,36 +244,55 @@ class RayDockClient:
             layout=layout, lease=lease, lease_key=lease_key, sampler=sampler, padding=padding,
         )  # fmt: skip
         channel = self._channel.claim()
+        region = None if channel is None else self._channel.region()
         try:
-            reply: Any = _NOT_SENT if channel is None else self._over_link(("get", request))
+            message = ("get", request, None if region is None else region.channel.name)
+            reply: GetReply | None = _NOT_SENT if channel is None else self._over_link(message)  # type: ignore[assignment]
             if reply is _NOT_SENT:  # no channel, or its link closed before this get was run
                 reply = self._wait(self.actor.get_wire.remote(request, None))
             if reply is None:
                 return None
-            wire_layout, array, granted, (nbytes, receipt) = reply
-            if array is None:
-                assert channel is not None  # the actor writes into a channel only when offered one
-                buffer = channel.buffer.narrow(0, 0, wire_layout.nbytes)
+            if reply.in_region:
+                assert region is not None  # the actor writes a batch only into a region offered
+                batch = batch_of(reply.layout, region.view(reply.layout.nbytes), layout)
+                region = None  # busy until the batch is gone
                 self.channel_gets += 1
+                self.region_gets += 1
             else:
-                buffer = as_uint8(array)
-            try:
-                batch = _copied_batch(wire_layout, buffer, layout, padding)
-            except BaseException as error:  # the rows go back, as in one dock
-                rows = views(wire_layout, buffer)["rows"].clone()
-                try:
-                    self._wait(
-                        self.actor.untake_wire.remote(request.consumer, rows, nbytes, granted, receipt)
-                    )
-                except Exception as lost:
-                    error.add_note(f"giving the rows back failed too: {lost!r}")
-                raise
+                batch = self._laid_out(reply, channel, request, padding)
         finally:
+            if region is not None:
+                region.busy = False  # not used by this get
             if channel is not None:
                 self._channel.release()
-        if array is not None:
-            self._channel.fit(wire_layout.nbytes, channel)
-        return batch if granted is None else replace(batch, lease=granted)
+        if reply.array is not None:
+            self._channel.fit(reply.layout.nbytes, channel)
+        elif reply.region_bytes and not reply.in_region:
+            self._channel.fit_region(reply.region_bytes)
+        return batch if reply.lease is None else replace(batch, lease=reply.lease)
+
+    def _laid_out(self, reply: GetReply, channel: Any, request: GetRequest, padding: Padding) -> Batch:
+        """The batch of a reply in the wire format (in the channel, or Ray's buffer), copied out of
+        it; if that fails, the rows go back to the actor first, as in one dock."""
+        if reply.array is None:
+            assert channel is not None  # the actor writes into a channel only when offered one
+            buffer = channel.buffer.narrow(0, 0, reply.layout.nbytes)
+            self.channel_gets += 1
+        else:
+            buffer = as_uint8(reply.array)
+        try:
+            return _copied_batch(reply.layout, buffer, request.layout, padding)
+        except BaseException as error:
+            rows = views(reply.layout, buffer)["rows"].clone()
+            try:
+                self._wait(
+                    self.actor.untake_wire.remote(
+                        request.consumer, rows, reply.nbytes, reply.lease, reply.receipt
+                    )
+                )
+            except Exception as lost:
+                error.add_note(f"giving the rows back failed too: {lost!r}")
+            raise
 
     def _over_link(self, message: tuple[Any, ...]) -> Any:
         """A put or get through the claimed channel's link (see _link); `_NOT_SENT` when the link

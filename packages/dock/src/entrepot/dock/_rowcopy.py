@@ -135,12 +135,20 @@ class PaddedCopy:
     this way they pay that once per batch, not once per column.
     """
 
-    def __init__(self, rows: RowSource, pad_value: float = 0, pad_multiple: int = 1) -> None:
+    def __init__(
+        self, rows: RowSource, pad_value: float = 0, pad_multiple: int = 1, out: torch.Tensor | None = None
+    ) -> None:
         self.which, self.starts, self.sizes = _rows(rows)
-        width = -(-max(self.sizes, default=0) // pad_multiple) * pad_multiple
+        width = padded_width(self.sizes, pad_multiple)
         self.rows, self.pad_value, self.pad_multiple = rows, pad_value, pad_multiple
         self.on_cpu = rows.sources[0].device.type == "cpu"
-        self.out = torch.empty((len(self.sizes), width), dtype=rows.dtype) if self.on_cpu else torch.empty(0)
+        if out is not None:  # memory the caller chose (a Ray client's shared-memory region)
+            assert self.on_cpu and out.shape == (len(self.sizes), width) and out.dtype == rows.dtype
+            self.out = out
+        else:
+            self.out = (
+                torch.empty((len(self.sizes), width), dtype=rows.dtype) if self.on_cpu else torch.empty(0)
+            )
         if self.on_cpu and self.out.numel():
             self.filler = _filler(rows.dtype, pad_value, width)
             self.dst, self.srcs = as_bytes(self.out.view(-1)), [as_bytes(source) for source in rows.sources]
@@ -163,6 +171,11 @@ class PaddedCopy:
             dst[at:data_end] = srcs[j][start * size : (start + n) * size]
             dst[data_end:row_end] = filler[: row_end - data_end]
             at = row_end
+
+
+def padded_width(sizes: list[int], pad_multiple: int) -> int:
+    """The padded layout's width L: the longest row rounded up to `pad_multiple` (0 without rows)."""
+    return -(-max(sizes, default=0) // pad_multiple) * pad_multiple
 
 
 _FILLERS: dict[tuple[torch.dtype, str], memoryview] = {}

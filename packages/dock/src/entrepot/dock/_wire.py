@@ -14,8 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from entrepot.dock._batch import Batch, Layout
 from entrepot.dock._columns import SeqSnapshot
 from entrepot.dock._errors import DockMemoryError
+from entrepot.dock._leases import Lease
+from entrepot.dock._rowcopy import PaddedCopy, padded_width
 from entrepot.dock._taken import Taken
 
 if TYPE_CHECKING:
@@ -32,6 +35,25 @@ class WireLayout:
 
     entries: tuple[tuple[str, str, int, int], ...]
     nbytes: int
+
+
+@dataclass(frozen=True)
+class GetReply:
+    """A dock actor's answer to a get: where the rows are and what holds them.
+
+    `layout` places them in `array` (a uint8 buffer Ray carried), or with `array` None in the
+    client's shared memory: its reply region, laid out as the batch itself (`in_region`, see
+    `batch_of`), else its channel in the wire format. `region_bytes`: what the batch needs in a
+    region (0: none was offered). `nbytes` and `receipt` let the client give the rows back.
+    """
+
+    layout: WireLayout
+    array: Any
+    lease: Lease | None
+    nbytes: int
+    receipt: str
+    in_region: bool = False
+    region_bytes: int = 0
 
 
 def plan(specs: Iterable[tuple[str, torch.dtype, int]]) -> WireLayout:
@@ -193,3 +215,64 @@ def decode(layout: WireLayout, buffer: torch.Tensor) -> tuple[torch.Tensor, Raw,
             raw[name] = (tensor, None)
     empty = torch.empty(0, dtype=torch.int64)
     return parts.get("rows", empty), raw, parts.get("ages", empty.int())
+
+
+def batch_layout(taken: Taken, layout: str, pad_multiple: int) -> WireLayout:
+    """The wire layout of a get's batch as the caller reads it: rows, ages, and per column its
+    values [B] (scalars), flat [T] (packed) or padded [B, L] ("p:", B * L elements), plus lengths."""
+    specs: list[tuple[str, torch.dtype, int]] = [("rows", torch.int64, taken.rows.numel())]
+    specs.append(("ages", torch.int32, taken.ages.numel()))
+    num_rows = taken.rows.numel()
+    for name, part in taken.parts.items():
+        if not isinstance(part, SeqSnapshot):
+            specs.append((f"s:{name}", part.dtype, part.numel()))
+            continue
+        if layout == "packed":
+            specs.append((f"d:{name}", part.dtype, part.numel))
+        else:
+            width = padded_width(part.lengths.tolist(), pad_multiple)
+            specs.append((f"p:{name}", part.dtype, num_rows * width))
+        specs.append((f"l:{name}", torch.int64, num_rows))
+    return plan(specs)
+
+
+def write_batch(
+    taken: Taken, wire: WireLayout, buffer: torch.Tensor, pad_value: float, pad_multiple: int
+) -> None:
+    """Lay a get's batch out in `buffer` (uint8 [wire.nbytes]) as `batch_layout` planned it: the
+    rows' only copy (a padded column's rows straight into its [B, L] place, tails filled)."""
+    out = views(wire, buffer)
+    out["rows"].copy_(taken.rows)
+    out["ages"].copy_(taken.ages)
+    num_rows = taken.rows.numel()
+    copies = []
+    for name, part in taken.parts.items():
+        if not isinstance(part, SeqSnapshot):
+            out[f"s:{name}"].copy_(part)
+            continue
+        out[f"l:{name}"].copy_(part.lengths)
+        if f"d:{name}" in out:
+            part.gather(out=out[f"d:{name}"])
+        elif num_rows and out[f"p:{name}"].numel():
+            padded = out[f"p:{name}"].view(num_rows, -1)
+            copies.append(PaddedCopy(part.rows(), pad_value, pad_multiple, out=padded))
+    for copy in copies:  # every copy made before any runs (see PaddedCopy)
+        copy.run()
+
+
+def batch_of(wire: WireLayout, buffer: torch.Tensor, layout: Layout) -> Batch:
+    """The batch `write_batch` laid out in `buffer`, its tensors views of it (no copy)."""
+    parts = views(wire, buffer)
+    rows = parts["rows"]
+    columns: dict[str, torch.Tensor] = {}
+    lengths: dict[str, torch.Tensor] = {}
+    for key, tensor in parts.items():
+        kind, _, name = key.partition(":")
+        if kind == "s" or kind == "d":
+            columns[name] = tensor
+        elif kind == "p":
+            num_rows = rows.numel()
+            columns[name] = tensor.view(num_rows, tensor.numel() // num_rows if num_rows else 0)
+        elif kind == "l":
+            lengths[name] = tensor
+    return Batch(rows, columns, lengths, layout, parts["ages"])
