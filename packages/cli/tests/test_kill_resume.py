@@ -76,11 +76,9 @@ def _kill_at(process: subprocess.Popen[str], run_dir: Path, mid_checkpoint: bool
 
 
 def test_killed_anywhere_and_resumed_trains_every_prompt_once(tmp_path: Path) -> None:
-    reference = rl("grpo", "train", "-o", str(tmp_path / "ref"), "--name", "ref", "--max-steps",
-                    str(MAX_STEPS), "--seed", "3", "--quiet", *FAST)  # fmt: skip
-    assert reference.returncode == 0, reference.stdout
-    ref_dir = next((tmp_path / "ref").iterdir())
-
+    # the uninterrupted reference trains alongside the killed run (one thread each; resume is bit-exact)
+    reference = _start(["-o", str(tmp_path / "ref"), "--name", "ref", "--max-steps", str(MAX_STEPS),
+                        "--seed", "3", *FAST])  # fmt: skip
     out = tmp_path / "killed"
     first = _start(["-o", str(out), "--name", "killed", "--max-steps", str(MAX_STEPS), "--seed", "3", *FAST])
     deadline = time.monotonic() + 120
@@ -95,6 +93,9 @@ def test_killed_anywhere_and_resumed_trains_every_prompt_once(tmp_path: Path) ->
     if outcomes[-1] != "finished":
         done = rl("grpo", "train", "--resume", str(run_dir), "--quiet")
         assert done.returncode == 0, done.stdout
+    reference_output, _ = reference.communicate(timeout=240)
+    assert reference.returncode == 0, reference_output
+    ref_dir = next((tmp_path / "ref").iterdir())
     kills = [o for o in outcomes if o != "finished"]
     print(f"kills: {len(kills)} ({kills.count('mid-step')} mid-step, {kills.count('mid-checkpoint')} "
           f"mid-checkpoint); steps {MAX_STEPS}")  # fmt: skip

@@ -44,8 +44,16 @@ def ray_session(_ray_of_the_session):  # type: ignore[no-untyped-def]
         from entrepot.grpo.config import ThreadsConfig
         from entrepot.grpo.embedded.threads import worker_env
 
-        env = {**worker_env(ThreadsConfig()), "PYTHONPATH": str(Path(__file__).parent)}
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
+        # The workers inherit the settings from Ray's own processes, as a local Ray `train` starts
+        # (entrepot.grpo.run.ray_start): with a job `runtime_env` Ray would start a fresh process for
+        # every actor instead of handing over the ones it prestarts, seconds each on 2 cores.
+        here = str(Path(__file__).parent)
+        env = {**worker_env(ThreadsConfig()),
+               "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}  # fmt: skip
+        with pytest.MonkeyPatch.context() as patch:  # only Ray's processes, started here, see them
+            for key, value in env.items():
+                patch.setenv(key, value)
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
         _STARTED[:] = [ray.get_runtime_context().gcs_address]
     yield ray
     if not _all_cpus_free(ray):

@@ -140,8 +140,19 @@ def test_each_replica_runs_on_its_own_node(ray_cluster: Any, tmp_path: Path) -> 
         assert row["dock/actor_train/rows"] == 16 * 8  # both replicas read their planned rows
 
 
-def test_a_dead_worker_is_named_by_its_node_and_resume_finishes(ray_cluster: Any, tmp_path: Path) -> None:
+def test_a_dead_worker_and_a_lost_dock_shard_are_named_by_their_nodes_and_resume_finishes(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    """One run, two failures at its last step, each before that step's checkpoint: a fresh run loses
+    actor rank 1, then its resume (from step 1) loses dock shard 1; each error names the node, each
+    leaves the step-1 checkpoint alone, and a last resume trains step 2 once (on both nodes again).
+
+    (Two tests once, with a fresh run each: the second failure now comes in a resumed run, which
+    saves one start-up of the workers, the most of either test's time.)
+    """
+    from entrepot.dock.sharded import ShardedDockClient
     from entrepot.grpo.errors import StageError
+    from entrepot.grpo.run.resume import resume_point
     from entrepot.grpo.trainer import Trainer
     from entrepot.grpo.workers import ActorWorker, wait_all
 
@@ -167,23 +178,10 @@ def test_a_dead_worker_is_named_by_its_node_and_resume_finishes(ray_cluster: Any
     finally:
         trainer.close()
     assert [p.name for p in sorted((run / "checkpoints").iterdir())] == ["step_000001"]
-    lines: list[str] = []
-    result = train(config, run, resume=True, on_startup=lines.append)
-    assert json.loads((run / "resumed_from.json").read_text())["step"] == 1
-    assert result.steps == 2 and [r["step"] for r in result.history] == [2]
-    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]  # step 2 once
-    assert len({node for _, node in _replica_nodes(lines).values()}) == 2  # both nodes again
 
-
-def test_a_lost_dock_shard_is_named_by_its_node_and_resume_finishes(ray_cluster: Any, tmp_path: Path) -> None:
-    from entrepot.dock.sharded import ShardedDockClient
-    from entrepot.grpo.errors import StageError
-    from entrepot.grpo.trainer import Trainer
-
-    config = load_config(None, _overrides("max_steps=2", "checkpoint.save_every=1"))
-    run = tmp_path / "run"
-    trainer = Trainer(config, run)
+    trainer = Trainer(config, run, resume=resume_point(run, config))  # as `train(resume=True)` builds it
     try:
+        assert trainer.step == 1
         dock = trainer.dock
         assert isinstance(dock, ShardedDockClient) and len(set(dock.shard_nodes)) == 2  # a shard per node
 
@@ -197,6 +195,10 @@ def test_a_lost_dock_shard_is_named_by_its_node_and_resume_finishes(ray_cluster:
     finally:
         trainer.close()
     assert [p.name for p in sorted((run / "checkpoints").iterdir())] == ["step_000001"]
-    result = train(config, run, resume=True)
+
+    lines: list[str] = []
+    result = train(config, run, resume=True, on_startup=lines.append)
+    assert json.loads((run / "resumed_from.json").read_text())["step"] == 1
     assert result.steps == 2 and [r["step"] for r in result.history] == [2]
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]  # step 2 trained once
+    assert len({node for _, node in _replica_nodes(lines).values()}) == 2  # both nodes again

@@ -32,13 +32,44 @@ QWEN2 = ("model.architecture=qwen2", "model.num_heads=4", "model.num_kv_heads=2"
          "model.intermediate_size=96")  # fmt: skip
 
 
+TWO_RANKS = [["tp2", 2, 1, []], ["pp2", 1, 2, []], ["pp2xvpp2", 1, 2, list(VPP2)]]
+"""The two-rank cases of test_megatron_matches_the_hf_module: (id, tp, pp, model overrides)."""
+
+
+@pytest.fixture(scope="module")
+def two_rank_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One spawned gloo world of 2 ranks that runs every two-rank comparison with the HF module, one
+    after another (each at its own layout, megatron's parallel state rebuilt), then the loss family's:
+    a world's start-up (importing megatron-core in each rank) is paid once, not four times. Each
+    comparison writes into its own folder (`<id>/<rank>.json`), which its test reads.
+    """
+    import tests_support_megatron as support
+
+    out = tmp_path_factory.mktemp("megatron-2-ranks")
+    try:
+        mp.spawn(support.compare_in_one_world, args=(2, free_local_port(), str(out), TWO_RANKS), nprocs=2)
+    except Exception as error:  # a failed case: its test reports it (`<rank>.error`), the later ones this
+        (out / "world.error").write_text(f"the two-rank world stopped: {error}")
+    return out
+
+
+def _results(folder: Path, world: int) -> list:  # type: ignore[type-arg]
+    errors = [p.read_text() for p in sorted(folder.glob("*.error"))]
+    assert not errors, errors[0]
+    stopped = folder.parent / "world.error"
+    assert all((folder / f"{r}.json").is_file() for r in range(world)), (
+        stopped.read_text() if stopped.is_file() else f"no results in {folder}"
+    )
+    return [json.loads((folder / f"{r}.json").read_text()) for r in range(world)]
+
+
 @pytest.mark.parametrize(
     ("tp", "pp", "model", "param_tol"),
     [(2, 1, (), 1e-5), (1, 2, (), 1e-4), (2, 2, QWEN2, 1e-4), (1, 2, VPP2, 1e-4)],
     ids=["tp2", "pp2", "qwen2-tp2xpp2", "pp2xvpp2"],  # GPT-2 at TP2 x PP2: tp2 and pp2 cover its two axes
 )
 def test_megatron_matches_the_hf_module(
-    tp: int, pp: int, model: tuple[str, ...], param_tol: float, tmp_path: Path
+    tp: int, pp: int, model: tuple[str, ...], param_tol: float, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """Same log-probs, gradient norm and updated parameters as the HF module.
 
@@ -47,13 +78,20 @@ def test_megatron_matches_the_hf_module(
     fp32 summation-order noise into differences of a few 1e-5 (lr 1e-3; GPT-2 at PP2: 1.3e-5 on
     one element; at PP2 x VPP2 on an Intel Xeon host, whose kernels sum in another order than the
     AMD host's: 1.8e-5); their gradient norms still agree to 1e-5 (3.6e-7 there).
+
+    The two-rank layouts run in one shared world (`two_rank_world`); Qwen2 at TP2 x PP2 in its own 4.
     """
     import tests_support_megatron as support
 
     world = tp * pp
-    args = (world, tp, pp, free_local_port(), str(tmp_path), model)
-    mp.spawn(support.compare_with_hf, args=args, nprocs=world)
-    results = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(world)]
+    case = request.node.callspec.id
+    if world == 2:
+        assert [tp, pp, list(model)] == next(c[1:] for c in TWO_RANKS if c[0] == case)
+        results = _results(request.getfixturevalue("two_rank_world") / case, world)
+    else:
+        args = (world, tp, pp, free_local_port(), str(tmp_path), model)
+        mp.spawn(support.compare_with_hf, args=args, nprocs=world)
+        results = _results(tmp_path, world)
     logp = [r["logp_diff"] for r in results if "logp_diff" in r]
     assert len(logp) == tp  # the last stage's TP ranks computed log-probs
     assert max(logp) <= 1e-4, logp
@@ -129,16 +167,15 @@ def test_megatron_reference_from_its_own_path_is_kept_on_resume(tmp_path: Path) 
         assert all(torch.equal(saved[k], expected[k]) for k in saved), step
 
 
-def test_megatron_computes_each_loss_as_the_torch_engine(tmp_path: Path) -> None:
+def test_megatron_computes_each_loss_as_the_torch_engine(two_rank_world: Path) -> None:
     """GSPO, CISPO, PPO-clip and Dr. GRPO with a masked row: megatron at TP2 (padded grids) takes the
     torch engine's step (packed) to fp32 tolerance (gradient norm and loss 1e-5; parameters after
     Adam's first step 1e-4, as in test_megatron_matches_the_hf_module); the torch engine's own step is
-    checked against the written-out formulas in test_loss_family.py."""
+    checked against the written-out formulas in test_loss_family.py. (Run in `two_rank_world`, after
+    the two-rank comparisons with the HF module.)"""
     import tests_support_megatron as support
 
-    mp.spawn(support.compare_losses_with_hf, args=(2, free_local_port(), str(tmp_path)), nprocs=2)
-    for rank in range(2):
-        results = json.loads((tmp_path / f"{rank}.json").read_text())
+    for results in _results(two_rank_world / "losses", 2):
         assert len(results) == len(support.LOSS_CASES)
         for case, diffs in results.items():
             assert diffs["clip_frac"] > 0, case  # off-policy enough to clip

@@ -149,27 +149,37 @@ def test_entropy_bonus_changes_the_gradient() -> None:
     assert diff > 1e-4
 
 
-@pytest.mark.integration  # two spawned gloo ranks
-@pytest.mark.parametrize("mode", AGGREGATIONS)
-def test_dp2_gradient_equals_single_process_on_a_skewed_split(mode: str) -> None:
-    from tests_support_dp import dp_rank, free_port
+@pytest.fixture(scope="module")
+def dp2_results() -> dict[str, dict[int, tuple[Any, Any]]]:
+    """mode -> rank -> (grads, metrics) of two spawned gloo ranks that run every aggregation mode in
+    turn (a fresh process group per mode): the ranks start, and import torch, once for all three."""
+    from tests_support_dp import dp_rank_per_mode, free_port
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=dp_rank, args=(rank, free_port_once, mode, queue))
-             for free_port_once in [free_port()] for rank in range(2)]  # fmt: skip
+    modes, ports = list(AGGREGATIONS), [free_port() for _ in AGGREGATIONS]
+    procs = [ctx.Process(target=dp_rank_per_mode, args=(rank, ports, modes, queue)) for rank in range(2)]
     for proc in procs:
         proc.start()
-    results = {}
-    while len(results) < 2:
+    results: dict[str, dict[int, tuple[Any, Any]]] = {mode: {} for mode in modes}
+    while sum(len(r) for r in results.values()) < 2 * len(modes):
         try:
-            rank, grads, metrics = queue.get(timeout=5)
-            results[rank] = (grads, metrics)
+            mode, rank, grads, metrics = queue.get(timeout=5)
+            results[mode][rank] = (grads, metrics)
         except Empty:
             assert all(p.is_alive() for p in procs), [p.exitcode for p in procs]  # a rank died: fail now
     for proc in procs:
         proc.join(timeout=60)
         assert proc.exitcode == 0
+    return results
+
+
+@pytest.mark.integration  # two spawned gloo ranks
+@pytest.mark.parametrize("mode", AGGREGATIONS)
+def test_dp2_gradient_equals_single_process_on_a_skewed_split(
+    mode: str, dp2_results: dict[str, dict[int, tuple[Any, Any]]]
+) -> None:
+    results = dp2_results[mode]
     config = _config(
         f"algorithm.loss_agg={mode}", "algorithm.kl_coef=0", "batching.max_tokens_per_micro_batch=48"
     )

@@ -35,3 +35,20 @@ def dp_rank(rank: int, port: int, mode: str, out: Any) -> None:
         out.put((rank, {n: g.numpy() for n, g in grads.items()}, metrics))  # numpy: no shared memory
     finally:
         dist.destroy_process_group()
+
+
+class _Tagged:
+    """A queue's `put` that prefixes each item with `tag`."""
+
+    def __init__(self, out: Any, tag: str) -> None:
+        self.out, self.tag = out, tag
+
+    def put(self, item: tuple[Any, ...]) -> None:
+        self.out.put((self.tag, *item))
+
+
+def dp_rank_per_mode(rank: int, ports: list[int], modes: list[str], out: Any) -> None:
+    """`dp_rank` for each of `modes` in turn (a fresh gloo group on each one's port), in one process:
+    the two processes start (import torch) once for every mode. Puts (mode, rank, grads, metrics)."""
+    for port, mode in zip(ports, modes, strict=True):
+        dp_rank(rank, port, mode, _Tagged(out, mode))

@@ -121,3 +121,24 @@ def compare_losses_with_hf(rank: int, world: int, port: int, out: str) -> None:
             "clip_frac": expected["clip_frac"],
         }
     Path(out, f"{rank}.json").write_text(json.dumps(results))
+
+
+def compare_in_one_world(rank: int, world: int, port: int, out: str, cases: list[list]) -> None:  # type: ignore[type-arg]
+    """`compare_with_hf` for each of `cases` ([name, tp, pp, model overrides], tp x pp == `world`), then
+    `compare_losses_with_hf` (name "losses"), one after another in this one spawned world: each writes
+    into `out`/name/. `init_model_parallel` keeps the process group and builds megatron's parallel
+    state afresh at each case's layout, so a world pays its start-up (imports, gloo) once.
+    """
+    import traceback
+
+    for name, tp, pp, model in [*cases, ["losses", None, None, None]]:
+        where = Path(out, name)
+        where.mkdir(parents=True, exist_ok=True)
+        try:
+            if name == "losses":
+                compare_losses_with_hf(rank, world, port, str(where))
+            else:
+                compare_with_hf(rank, world, tp, pp, port, str(where), tuple(model))
+        except Exception:  # recorded for the case's test; the world stops (the ranks' collectives pair up)
+            Path(where, f"{rank}.error").write_text(traceback.format_exc())
+            raise
