@@ -107,7 +107,6 @@ def launch(config: GRPOConfig, run_dir: str | None = None) -> Cluster:
     from entrepot.grpo.workers.ray_group import RayWorkerGroup
 
     start_ray(config, run_dir)
-    dock, dock_actors = _ray_dock(config, dock_args, run_dir)
     train_device = config.engine.device.startswith("cuda")  # one GPU per actor rank (and separate worker)
 
     def place(name: str, ranks: list[RankInfo], device: bool = True, replicas: bool = False) -> Placement:
@@ -136,10 +135,19 @@ def launch(config: GRPOConfig, run_dir: str | None = None) -> Cluster:
         reward_models = RayWorkerGroup(
             RewardModelWorker, place("reward_model", rank_layout(resources.reward_model_workers)), reward_args
         )
+    actors = RayWorkerGroup(ActorWorker, actor_placement, actor_args)
+    rewards = RayWorkerGroup(RewardWorker, place("reward", reward_ranks, device=False), reward_args)
+    try:  # the workers start in their processes meanwhile (a sharded dock waits for its shards)
+        dock, dock_actors = _ray_dock(config, dock_args, run_dir)
+    except BaseException:
+        for group in (actors, rewards, references, reward_models):
+            if group is not None:
+                group.close()
+        raise
     return Cluster(
         dock=dock,
-        actors=RayWorkerGroup(ActorWorker, actor_placement, actor_args),
-        rewards=RayWorkerGroup(RewardWorker, place("reward", reward_ranks, device=False), reward_args),
+        actors=actors,
+        rewards=rewards,
         ray_dock_actors=dock_actors,
         references=references,
         reward_models=reward_models,
