@@ -61,9 +61,10 @@ class Consumer:
         seen: list[int] = []
         while (batch := self.client.get(name, ["x", "id"], 64, min_count=1, timeout=60)) is not None:
             rows = batch.indexes
-            assert torch.equal(batch.data["id"], rows)
+            # `columns`, not `data`: a TensorDict would import torch._dynamo in every actor (seconds each)
+            assert torch.equal(batch.columns["id"], rows)
             assert torch.equal(batch.lengths["x"], rows % 5 + 1)
-            assert torch.equal(batch.data["x"][:, 0], rows)
+            assert torch.equal(batch.columns["x"][:, 0], rows)
             seen += rows.tolist()
         return seen
 

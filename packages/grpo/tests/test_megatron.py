@@ -116,7 +116,7 @@ def test_megatron_trains_and_resumes_bit_identically(  # type: ignore[no-untyped
     ray_session, layout: tuple[str, ...], tmp_path: Path
 ) -> None:
     """Every offload key on: checkpoints read (and resume writes) state that sits in host memory."""
-    overrides = [*TP2, *layout, *OFFLOAD_ALL, "max_steps=3", "checkpoint.save_every=2",
+    overrides = [*TP2, *layout, *OFFLOAD_ALL, "max_steps=2", "checkpoint.save_every=1",
                  "algorithm.kl_coef=0.01"]  # fmt: skip
     config = load_config(None, overrides)
     full = tmp_path / "full"
@@ -124,21 +124,21 @@ def test_megatron_trains_and_resumes_bit_identically(  # type: ignore[no-untyped
     rows = read_metrics(full / "metrics.jsonl")
     assert all(r["reshard/seconds"] > 0 and r["reshard/bytes"] > 0 for r in rows)  # resharded every step
     assert all(r["memory/train_param_bytes_in_rollout"] == 0 for r in rows)  # offloaded while generating
-    shards = sorted(p.name for p in (full / "checkpoints" / "step_000003").glob("model*.safetensors"))
+    shards = sorted(p.name for p in (full / "checkpoints" / "step_000002").glob("model*.safetensors"))
     assert shards == [f"model.shard{rank:03d}.safetensors" for rank in range(4)]  # one per TP x PP rank
     resumed = tmp_path / "resumed"
     shutil.copytree(full, resumed)
-    shutil.rmtree(resumed / "checkpoints" / "step_000003")
+    shutil.rmtree(resumed / "checkpoints" / "step_000002")
     result = train(config, resumed, resume=True)
-    assert result.steps == 3 and len(result.history) == 1
+    assert result.steps == 2 and len(result.history) == 1
     for shard in shards:
-        a = load_file(str(full / "checkpoints" / "step_000003" / shard))
-        b = load_file(str(resumed / "checkpoints" / "step_000003" / shard))
-        start = load_file(str(full / "checkpoints" / "step_000002" / shard))
+        a = load_file(str(full / "checkpoints" / "step_000002" / shard))
+        b = load_file(str(resumed / "checkpoints" / "step_000002" / shard))
+        start = load_file(str(full / "checkpoints" / "step_000001" / shard))
         assert a.keys() == b.keys()
         assert all(torch.equal(a[k], b[k]) for k in a), shard
         assert any(not torch.equal(a[k], start[k]) for k in a)
-    assert (full / "checkpoints" / "step_000003" / "hf" / "config.json").is_file()
+    assert (full / "checkpoints" / "step_000002" / "hf" / "config.json").is_file()
 
 
 def test_megatron_reference_from_its_own_path_is_kept_on_resume(tmp_path: Path) -> None:
