@@ -15,10 +15,11 @@ from entrepot.dock._errors import InvalidArgumentError
 
 
 class ChannelTable:
-    """The channels an actor has mapped, by name, each with the link its calls come over (see _link).
+    """The channels an actor has mapped, by name, each with the link its calls come over (see _link)
+    and its client's reply regions (see `attach_region`).
 
-    A channel goes when its client closes the link, or (least recently used first) past `limit`
-    channels: its link is closed between two calls, and the client makes another.
+    A channel goes, with its regions, when its client closes the link, or (least recently used
+    first) past `limit` channels: its link is closed between two calls, and the client makes another.
     """
 
     def __init__(self, limit: int = 64) -> None:

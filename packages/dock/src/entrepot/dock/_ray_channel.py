@@ -3,8 +3,9 @@
 The channel itself (the /dev/shm file both processes map) is _channel's, the socket its calls go
 over is _link's; this is the client's policy around them. One call uses the channel at a time
 (`claim`, `call`, then `release`). After a put or a get reply of 1 MiB or more went through Ray,
-`fit` makes a channel, or a larger one, if this process runs on the actor's node; when the client
-is gone its socket closes and the actor unmaps the channel.
+`fit` makes a channel, or a larger one, if this process runs on the actor's node; after a get whose
+batch found no free reply region, `fit_region` makes one (see `Region`). When the client is gone
+its socket closes and the actor unmaps the channel and its regions.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from entrepot.dock import _channel, _link
 
 class Region:
     """A reply region: shared memory the actor lays a get's batch out in, handed out as views of it.
-    Busy from the get until the batch's last tensor is gone (`hand_out`)."""
+    Busy from the get until the batch's last tensor is gone (see `view`)."""
 
     def __init__(self, channel: _channel.Channel) -> None:
         self.channel = channel
