@@ -122,7 +122,7 @@ def _frame(message: Any) -> bytes:
 
 class _Pickler(pickle.Pickler):
     """Pickles a CPU tensor as its numpy array: torch's own reduction writes a storage through
-    torch.save, ~0.15 ms a tensor, several times what a put's small index tensors cost to send."""
+    torch.save, which costs more than the bytes of a put's small index tensors."""
 
     def reducer_override(self, obj: Any) -> Any:
         if type(obj) is torch.Tensor and obj.device.type == "cpu" and not obj.requires_grad:
