@@ -169,11 +169,13 @@ def policy_loss(
     kl_kind: KLKind = "low_var_kl",
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
+    correction: torch.Tensor | None = None,
 ) -> LossOutput:
     """A policy-gradient surrogate (`surrogates`), optional KL to the reference and entropy bonus.
 
-    loss = sum_t w_t [l_t + kl_coef KL_t - entropy_coef H_t], with l_t the surrogate `loss` picks
-    (``ppo_clip``: -min(r_t A_t, clip(r_t, 1 - clip_low, 1 + clip_high) A_t)).
+    loss = sum_t w_t [c_t l_t + kl_coef KL_t - entropy_coef H_t], with l_t the surrogate `loss` picks
+    (``ppo_clip``: -min(r_t A_t, clip(r_t, 1 - clip_low, 1 + clip_high) A_t)) and c_t the detached
+    off-policy correction (`correction`; 1 without it), which reweights the surrogate only.
 
     The weights w carry the aggregation (`token_weights`), so the caller picks token-mean or a
     sequence mean, over a micro-batch, a mini-batch or all DP ranks, by the normalizer alone.
@@ -190,6 +192,8 @@ def policy_loss(
             (default R, this call's tokens; the global mini-batch's under data parallelism).
         ref_logp: [R] reference log-probs; needed when kl_coef > 0.
         entropy: [R] policy entropy; needed when entropy_coef > 0.
+        correction: [R] off-policy correction c_t of the surrogate (`algo.correction`), detached
+            here; None = 1. It does not touch the KL and entropy terms nor the ratio diagnostics.
 
     Returns:
         LossOutput with metrics pg_loss, clip_frac, ratio_mean, ratio_max, kl and entropy (when given).
@@ -201,7 +205,8 @@ def policy_loss(
     if response_lengths is None:
         response_lengths = torch.tensor([logp.numel()])
     surrogate = SURROGATES[loss](logp, old_logp, advantages, response_lengths, clip_low, clip_high)
-    pg_loss = (surrogate.per_token * weights).sum()
+    pg_weights = weights if correction is None else weights * correction.detach().to(weights)  # [R]
+    pg_loss = (surrogate.per_token * pg_weights).sum()
     total = pg_loss
     metrics: dict[str, float] = {"pg_loss": float(pg_loss.detach())}
     with torch.no_grad():

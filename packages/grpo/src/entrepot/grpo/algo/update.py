@@ -18,10 +18,11 @@ from typing import Any
 
 import torch
 
-from entrepot.grpo.algo.losses import loss_normalizer, policy_loss, token_weights
+from entrepot.grpo.algo import correction as offpolicy
+from entrepot.grpo.algo.losses import LossOutput, loss_normalizer, policy_loss, token_weights
 from entrepot.grpo.algo.optim import AdamW, LRSchedule
 from entrepot.grpo.algo.sequences import ResponseBatch, packed_attention, response_logprobs, segment_index
-from entrepot.grpo.config import AlgorithmConfig, BatchingConfig
+from entrepot.grpo.config import AlgorithmConfig, BatchingConfig, CorrectionConfig
 from entrepot.grpo.embedded import gpt2_forward
 from entrepot.grpo.embedded.lanes import run_lanes, split_rows
 
@@ -143,6 +144,9 @@ class UpdateInputs:
         horizon: the constant of `seq-mean-token-sum-norm` (tokens; the generation budget).
         keep: [B] bool, the rows whose tokens have a loss (None: all); `algorithm.mask_truncated`
             drops responses cut at the budget from the loss and its normaliser.
+        behaviour_logp: [R] log-probs the rollout engine sampled each token with, or None.
+        correction: the resolved `algorithm.correction` (`entrepot.grpo.config.correction.resolve`); None or
+            kind none: no correction. Applied only with `behaviour_logp` (`algo.correction`).
     """
 
     batch: ResponseBatch
@@ -152,6 +156,13 @@ class UpdateInputs:
     mini_batches: Sequence[torch.Tensor]
     horizon: int = 1
     keep: torch.Tensor | None = None
+    behaviour_logp: torch.Tensor | None = None
+    correction: CorrectionConfig | None = None
+
+    @property
+    def corrected(self) -> bool:
+        """Whether the surrogate gets an off-policy correction (and the offpolicy/* metrics)."""
+        return self.behaviour_logp is not None and self.correction is not None and self.correction.active
 
 
 def mini_batch_counts(
@@ -219,8 +230,10 @@ def _mini_batch_step(
     optimizer.zero_grad(set_to_none=True)
     # The same keys on every rank (a rank may hold no row of this mini-batch) for the one all-reduce.
     keys = ["pg_loss", "clip_frac", "ratio_mean", "entropy"] + (["kl"] if inputs.ref_logp is not None else [])
+    keys += list(offpolicy.METRIC_SUMS) if inputs.corrected else []
     sums = dict.fromkeys(keys, 0.0)
     ratio_max = 1.0
+    weight_max = 0.0
     params = [p for p in model.parameters() if p.requires_grad]
 
     def lane(picked: torch.Tensor) -> tuple[Sequence[torch.Tensor | None], dict[str, float]]:
@@ -242,6 +255,7 @@ def _mini_batch_step(
         for grads, metrics in results:  # in lane order: the same sums on every run
             _accumulate(params, grads)
             ratio_max = max(ratio_max, metrics.pop("ratio_max"))
+            weight_max = max(weight_max, metrics.pop(offpolicy.METRIC_MAX, 0.0))
             for key in keys:
                 sums[key] += metrics[key]
     if dp is not None:
@@ -249,7 +263,9 @@ def _mini_batch_step(
     max_norm = algo.grad_clip if algo.grad_clip is not None else float("inf")
     sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
     sums["lr"] = float(optimizer.param_groups[0]["lr"])
-    sums["ratio_max"] = ratio_max
+    sums["ratio_max"] = ratio_max  # this rank's max, like the weight max: not reduced over DP ranks
+    if inputs.corrected:
+        sums[offpolicy.METRIC_MAX] = weight_max
     sums["micro_batches"] = float(len(plan))  # equal on every DP rank
     optimizer.step()
     return sums
@@ -276,24 +292,37 @@ def micro_batch_loss(
     algo: AlgorithmConfig,
     normalizer: float,
     num_tokens: float,
-) -> Any:
+) -> LossOutput:
     """`policy_loss` of the rows `picked` of `inputs` (`sub` = those rows), given their current log-probs.
 
     Shared by both training engines: `normalizer` and `num_tokens` are the global mini-batch's.
+    With `inputs.corrected` the surrogate is reweighted by `algo.correction.correction_weights` of
+    the old (proximal) and behaviour log-probs, and the offpolicy/* diagnostics are added over the
+    kept rows' tokens.
     """
     device = logp.device
     old = logp.detach() if inputs.old_logp is None else _values(inputs, inputs.old_logp, picked, device)
     ref = None if inputs.ref_logp is None else _values(inputs, inputs.ref_logp, picked, device)
     weights = token_weights(sub.response_lengths, algo.loss_agg, normalizer)
-    if inputs.keep is not None:
-        weights = weights * sub.per_token(inputs.keep[picked].to(weights.dtype))
-    return policy_loss(
+    kept = None if inputs.keep is None else sub.per_token(inputs.keep[picked])  # [R] bool
+    if kept is not None:
+        weights = weights * kept.to(weights.dtype)
+    correction = None
+    if inputs.corrected:
+        assert inputs.behaviour_logp is not None and inputs.correction is not None  # `corrected`
+        behaviour = _values(inputs, inputs.behaviour_logp, picked, device)
+        correction = offpolicy.correction_weights(old, behaviour, sub.response_lengths, inputs.correction)
+    out = policy_loss(
         logp, old, sub.per_token(inputs.advantages[picked].to(device)), weights.to(device),
         response_lengths=sub.response_lengths, loss=algo.loss,
         num_tokens=num_tokens, clip_low=algo.clip_low, clip_high=algo.clip_high,
         ref_logp=ref, kl_coef=0.0 if algo.kl_in_reward else algo.kl_coef, kl_kind=algo.kl_kind,
         entropy=entropy, entropy_coef=algo.entropy_coef,
+        correction=None if correction is None else correction.weights,
     )  # fmt: skip
+    if correction is not None:
+        out.metrics.update(offpolicy.correction_metrics(correction, num_tokens, kept))
+    return out
 
 
 def _values(

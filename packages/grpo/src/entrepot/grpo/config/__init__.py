@@ -7,9 +7,9 @@ naming the dotted key, the value and what is allowed. Every field carries a help
 `dataclasses.fields(section)[i].metadata["help"]`.
 
 One module per concern: the sections next to what they configure (`model`, `rollout`, `reward`,
-`algorithm`, `engine`, `batching`, `resources`, `run`), the checks across sections in `checks`, the
-root in `root`, YAML in `loading`. No config reads the environment or the machine
-(`entrepot.grpo.run.deployment` does), nor the synthetic tasks' token lengths
+`algorithm` with its `correction`, `engine`, `batching`, `resources`, `run`), the checks across
+sections in `checks`, the root in `root`, YAML in `loading`. No config reads the environment or
+the machine (`entrepot.grpo.run.deployment` does), nor the synthetic tasks' token lengths
 (`entrepot.grpo.data.checks`, run by `entrepot.grpo.run.preflight` before anything starts).
 
 This module imports no torch so that the CLI's `--help` stays fast.
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from entrepot.grpo.config.algorithm import AlgorithmConfig
 from entrepot.grpo.config.batching import BatchingConfig, PassBatchingConfig
+from entrepot.grpo.config.correction import CorrectionConfig
 from entrepot.grpo.config.engine import EngineConfig, InferParallelConfig, ParallelConfig, TrainParallelConfig
 from entrepot.grpo.config.loading import config_from_dict, config_to_dict, dump_yaml, load_config
 from entrepot.grpo.config.lora import LoraConfig
@@ -33,6 +34,7 @@ __all__ = [
     "AlgorithmConfig",
     "BatchingConfig",
     "CheckpointConfig",
+    "CorrectionConfig",
     "DataConfig",
     "DockConfig",
     "EngineConfig",

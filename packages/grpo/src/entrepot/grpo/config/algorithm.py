@@ -6,6 +6,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
+from entrepot.grpo.config.correction import CorrectionConfig
 from entrepot.grpo.config.fields import check, check_choice, doc
 
 __all__ = ["AlgorithmConfig", "KLKind", "LossAgg", "LossKind"]
@@ -105,6 +106,15 @@ class AlgorithmConfig:
         metadata=doc(
             "Partial rollout: policy versions (steps) a group's oldest token may lag the policy it "
             "trains; the dock drops older groups (dock/rows_stale). None = no limit."
+        ),
+    )
+
+    correction: CorrectionConfig = field(
+        default_factory=CorrectionConfig,
+        metadata=doc(
+            "Off-policy correction of the train / inference mismatch: a detached weight or mask on "
+            "each token's surrogate loss from rho = exp(trainer log-prob - rollout log-prob) "
+            "(kind, level, cap, low, high; metrics offpolicy/*). KL and entropy are not reweighted."
         ),
     )
 

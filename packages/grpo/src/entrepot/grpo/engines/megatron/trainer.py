@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from entrepot.grpo.algo import correction as offpolicy
 from entrepot.grpo.algo.optim import total_optimizer_steps
 from entrepot.grpo.algo.sequences import ResponseBatch, segment_index
 from entrepot.grpo.algo.update import DataParallel, UpdateInputs, micro_batch_loss, mini_batch_counts
@@ -165,6 +166,8 @@ class MegatronTrainer:
             finalize_summing(None, self.chunks)
         _, grad_norm, _ = self.optimizer.step()
         metrics = step_metrics(outputs, inputs.ref_logp is not None, self.dp)
+        if inputs.corrected:  # the same on every rank: the config and the rows' columns decide it
+            metrics.update(_offpolicy_metrics(outputs, self.dp))
         metrics["grad_norm"] = float(grad_norm) if grad_norm is not None else 0.0
         metrics["lr"] = float(self.optimizer.param_groups[0]["lr"])
         metrics["micro_batches"] = float(len(plan))
@@ -205,6 +208,26 @@ class MegatronTrainer:
     def save_adapter(self, directory: object) -> bool:
         """No adapter: megatron trains every weight (`model.lora` is refused with it)."""
         return False
+
+
+def _offpolicy_metrics(outputs: list[dict[str, Any]], dp: DataParallel) -> dict[str, float]:
+    """The offpolicy/* diagnostics over micro-batches, pipeline stages and DP ranks, as `step_metrics`
+    combines the others: the weighted sums summed, `is_weight_max` max-reduced like ratio_max."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mpu
+
+    keys = offpolicy.METRIC_SUMS
+    sums = torch.zeros(len(keys), dtype=torch.float64)
+    top = torch.zeros(1, dtype=torch.float64)  # weights are >= 0; 0 where no token was scored
+    for out in outputs:
+        sums += torch.tensor([float(out[k]) for k in keys], dtype=torch.float64)
+        top[0] = max(float(top[0]), float(out[offpolicy.METRIC_MAX]))
+    if mpu.get_pipeline_model_parallel_world_size() > 1:  # only the last stage computed a loss
+        dist.all_reduce(sums, group=mpu.get_pipeline_model_parallel_group())
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=mpu.get_pipeline_model_parallel_group())
+    dp.sum_(sums)
+    dist.all_reduce(top, op=dist.ReduceOp.MAX, group=dp.group)
+    return {**dict(zip(keys, sums.tolist(), strict=True)), offpolicy.METRIC_MAX: float(top[0])}
 
 
 def _unwrapped(chunk: torch.nn.Module) -> torch.nn.Module:
