@@ -42,6 +42,11 @@ RUN_BY = {
         "120 steps on 4 digits, one process; reward rises",
     ),
     "dr-grpo.yaml": ("test_example_configs.py", "test_dr_grpo_config_trains", "2 steps, one process"),
+    "async.yaml": (
+        "test_example_configs.py",
+        "test_async_config_trains_with_the_rollout_beside_it",
+        "4 steps, one process; tokens at most one version stale, corrected",
+    ),
     "local-hf-jsonl-cpu.yaml": (
         "test_example_configs.py",
         "test_local_hf_jsonl_config_trains_on_cpu",
@@ -106,6 +111,23 @@ def test_dr_grpo_config_trains(runner: CliRunner, configs_dir: Path, tmp_path: P
     run_dir = next(tmp_path.iterdir())
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2] and "train/truncated_frac" in records[-1]
+
+
+@pytest.mark.integration  # a training run
+def test_async_config_trains_with_the_rollout_beside_it(
+    runner: CliRunner, configs_dir: Path, tmp_path: Path
+) -> None:
+    args = ["grpo", "train", "-c", str(configs_dir / "async.yaml"), "-o", str(tmp_path), "--max-steps=4"]
+    args += ["-q", "eval.num_prompts=8", "logging.tensorboard=false"]
+    result = runner.invoke(app, args, env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    run_dir = next(tmp_path.iterdir())
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    ages = {k for r in records for k, v in r.items() if k.startswith("async/tokens_age_") and v}
+    assert ages <= {"async/tokens_age_0", "async/tokens_age_1"} and "offpolicy/is_weight_mean" in records[-1]
+    trained = [json.loads(line)["prompts"] for line in (run_dir / "prompts.jsonl").read_text().splitlines()]
+    assert trained == [list(range(s * 32, (s + 1) * 32)) for s in range(4)]
 
 
 @pytest.mark.integration  # a training run

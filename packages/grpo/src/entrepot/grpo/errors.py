@@ -10,8 +10,10 @@ __all__ = [
     "LogpMismatchError",
     "RewardError",
     "RewardModelError",
+    "RolloutLostError",
     "StageError",
     "UnknownRewardError",
+    "WeightSyncError",
 ]
 
 
@@ -56,6 +58,40 @@ class CheckpointError(GRPOError, RuntimeError):
 class LogpMismatchError(GRPOError, RuntimeError):
     """The rollout engine's log-probs of its sampled tokens stray from the trainer's beyond
     ``engine.max_logp_mismatch`` (typically weights that did not reach the engine intact)."""
+
+
+class WeightSyncError(GRPOError, RuntimeError):
+    """Asynchronous training: published weights did not reach a rollout rank intact or in time.
+
+    Attributes:
+        source: the sending rank, e.g. ``actor rank 0``.
+        target: the receiving rank, e.g. ``rollout rank 0``.
+        version: the policy version being synced.
+    """
+
+    def __init__(self, source: str, target: str, version: int, reason: str) -> None:
+        self.source, self.target, self.version, self.reason = source, target, version, reason
+        super().__init__(f"weight sync of policy version {version} from {source} to {target}: {reason}")
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, int, str]]:
+        return (type(self), (self.source, self.target, self.version, self.reason))
+
+
+class RolloutLostError(GRPOError, RuntimeError):
+    """Asynchronous training: the rollout failed, or gave no finished group within the time allowed.
+
+    Attributes:
+        worker: the rollout rank, e.g. ``rollout rank 0``.
+        reason: what went wrong (its error, or what it was doing when it stopped answering).
+        details: the rollout's traceback, when it raised.
+    """
+
+    def __init__(self, worker: str, reason: str, details: str | None = None) -> None:
+        self.worker, self.reason, self.details = worker, reason, details
+        super().__init__(f"{worker} failed: {reason}")
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, str | None]]:
+        return (type(self), (self.worker, self.reason, self.details))
 
 
 class StageError(GRPOError, RuntimeError):

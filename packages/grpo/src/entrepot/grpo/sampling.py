@@ -65,6 +65,8 @@ class Sampling(Protocol):
         log_probs_after: the log-prob stages start only once the rows are final (else they run in
             the rollout's phase, waiting in the dock for responses).
         behaviour_ratio: the update's importance ratio divides by the rollout's own log-probs.
+        explicit_rows: the log-prob stages read exactly the step's rows (the dock holds others too:
+            asynchronous training), not whatever rows they have not read yet.
         columns: extra dock columns the step's metrics read.
     """
 
@@ -75,7 +77,44 @@ class Sampling(Protocol):
     def behaviour_ratio(self) -> bool: ...
 
     @property
+    def explicit_rows(self) -> bool: ...
+
+    @property
     def columns(self) -> tuple[str, ...]: ...
+
+    @property
+    def data_position(self) -> int | None:
+        """Prompts drawn from the data stream when the mode draws them itself (None: the step does)."""
+        ...
+
+    def updated(self, version: int) -> dict[str, float]:
+        """The update to policy `version` is done (asynchronous training publishes its weights)."""
+        ...
+
+    def clear(self, dock: Any, rows: torch.Tensor) -> None:
+        """End the step in the dock: `rows` were trained."""
+        ...
+
+    @property
+    def dock_in_checkpoint(self) -> bool:
+        """A checkpoint saves the dock (else the mode's `state` says what to redo)."""
+        ...
+
+    def trained_prompts(self) -> list[int] | None:
+        """The data positions of the prompts the last step trained (None: the mode does not track them)."""
+        ...
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the mode (JSON-able)."""
+        ...
+
+    def restore(self, state: dict[str, Any], step: int) -> None:
+        """Continue from a checkpoint's `state` at `step`."""
+        ...
+
+    def close(self) -> None:
+        """Stop what the mode runs (the asynchronous rollout)."""
+        ...
 
     def sample(self, prompts: Prompts, step: int, also: Sequence[StageStart]) -> Sampled:
         """This step's rows; `also` starts in the rollout's phase."""
@@ -87,8 +126,35 @@ class Sampling(Protocol):
         ...
 
 
+class _Lockstep:
+    """What the synchronous modes share: the step draws the prompts, and a step's end clears the dock
+    but for unfinished groups (partial rollout's)."""
+
+    explicit_rows = False
+    data_position = None
+    dock_in_checkpoint = True
+
+    def updated(self, version: int) -> dict[str, float]:
+        return {}
+
+    def clear(self, dock: Any, rows: torch.Tensor) -> None:
+        dock.clear()
+
+    def trained_prompts(self) -> list[int] | None:
+        return None
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def restore(self, state: dict[str, Any], step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 @dataclass(frozen=True)
-class PlainSampling:
+class PlainSampling(_Lockstep):
     """Every prompt of the step trains."""
 
     prompts_per_step: int
@@ -105,7 +171,7 @@ class PlainSampling:
 
 
 @dataclass(frozen=True)
-class DynamicSampling:
+class DynamicSampling(_Lockstep):
     """Drop zero-variance groups and refill, up to `max_rounds` rounds."""
 
     prompts_per_step: int
@@ -147,7 +213,7 @@ class DynamicSampling:
 
 
 @dataclass(frozen=True)
-class PartialSampling:
+class PartialSampling(_Lockstep):
     """One round of at most `rollout.partial_max_tokens` tokens a step; finished groups train."""
 
     prompts_per_step: int

@@ -24,7 +24,9 @@ from typing import Any
 import torch
 
 from entrepot.grpo.algo.losses import group_advantages, sequence_kl
+from entrepot.grpo.asynchronous import AsyncSampling
 from entrepot.grpo.config import GRPOConfig
+from entrepot.grpo.config.correction import resolve as resolve_correction
 from entrepot.grpo.data import rewards
 from entrepot.grpo.data.sources import TaskSetup, encode_prompt
 from entrepot.grpo.engines.registry import choose_engines
@@ -43,9 +45,10 @@ from entrepot.grpo.workers import (
     wait_all,
 )
 
-__all__ = ["SAMPLES_KEY", "GRPOStep"]
+__all__ = ["PROMPTS_KEY", "SAMPLES_KEY", "GRPOStep"]
 
 SAMPLES_KEY = "samples"  # the step's sample records (`run.samples`), on sampled steps only; not a metric
+PROMPTS_KEY = "trained_prompts"  # data positions of the prompts a step trained (asynchronous); not a metric
 
 
 class GRPOStep:
@@ -72,16 +75,26 @@ class GRPOStep:
         self.separate_kernels = choose_engines(config.engine).rollout.separate_kernels
         self.cluster, self.dock, self.setup = cluster, cluster.dock, setup
         self.actors, self.rewards = cluster.actors, cluster.rewards
-        self.sampling: Sampling = choose_sampling(config.rollout, config.algorithm)
-        self.data_position = 0
+        self.sampling: Sampling = (
+            AsyncSampling.build(config, cluster, setup) if config.trainer.asynchronous
+            else choose_sampling(config.rollout, config.algorithm)
+        )  # fmt: skip
+        self.correction = resolve_correction(config.algorithm.correction, config.trainer.asynchronous)
+        self._data_position = 0
         self._dock_totals: dict[str, float] = {}
         if self.logging.samples_every:  # the parts score here too (the reward workers may be elsewhere)
             rewards.resolve_custom(config.reward.custom)
 
+    @property
+    def data_position(self) -> int:
+        """Prompts drawn from the data stream so far (a checkpoint saves it)."""
+        drawn = self.sampling.data_position
+        return self._data_position if drawn is None else drawn
+
     def restored(self, data_position: int) -> None:
         """Continue after the trainer loaded a checkpoint: its prompt position, and the dock's counters
         as they stood then (cumulative over the run), so that the next step reports only its own."""
-        self.data_position = data_position
+        self._data_position = data_position
         dock_step_metrics(self.dock.metrics(), self._dock_totals)
 
     def __call__(self, step: int) -> dict[str, Any]:
@@ -98,7 +111,8 @@ class GRPOStep:
 
         # 4-5. reference and old log-probs of rows that only now are final
         if self.sampling.log_probs_after and rows.numel():
-            stage_stats += self._run(self._log_prob_stages(rows.numel() // n))
+            explicit = rows if self.sampling.explicit_rows else None
+            stage_stats += self._run(self._log_prob_stages(rows.numel() // n, explicit))
 
         # 6. group advantages (driver-side consumer)
         t_adv = time.perf_counter()
@@ -108,9 +122,12 @@ class GRPOStep:
         # 7. actor update: each DP rank trains on the rows planned for it, gradients summed over ranks
         plan, balance = self._update_plan(rows)
         with_old = self._need_old(rows.numel())
+        behaviour = self.sampling.behaviour_ratio
+        update = ActorWorker.update
         update_stats = self._run(
-            [lambda: self.actors.call(ActorWorker.update, self.dock, plan, with_old=with_old)]
+            [lambda: self.actors.call(update, self.dock, plan, with_old=with_old, behaviour=behaviour)]
         )
+        version_metrics = self.sampling.updated(step + 1)
 
         # 8. metrics, samples, evaluation, clear
         stats = None
@@ -123,7 +140,7 @@ class GRPOStep:
             self._samples(step + 1, rows) if every and (step + 1) % every == 0 and rows.numel() else None
         )
         dock_metrics = dock_step_metrics(self.dock.metrics(), self._dock_totals)
-        self.dock.clear()
+        self.sampling.clear(self.dock, rows)
         dock_metrics.update(self.sampling.after_clear(self.dock, step, stats))
         step_time = time.perf_counter() - t_start
         metrics: dict[str, Any] = {
@@ -134,6 +151,7 @@ class GRPOStep:
             "time/advantages": t_adv,
             "time/step": step_time,
             **sampled.metrics,
+            **version_metrics,
             **balance,
             **advantage_metrics,
             **dock_metrics,
@@ -143,13 +161,17 @@ class GRPOStep:
             metrics["response_length"] = float(stats.columns["response_length"].float().mean())
             metrics["response_length_max"] = float(stats.columns["response_length"].max())
         metrics.update(merge_rank_metrics(stage_stats, update_stats))
-        metrics["tokens_per_s"] = metrics.get("rollout_tokens", 0.0) / step_time
+        generated = metrics.get("rollout_tokens", metrics.get("async/rollout_tokens", 0.0))
+        metrics["tokens_per_s"] = generated / step_time
         if (self.eval.every and (step + 1) % self.eval.every == 0) or step + 1 == self.max_steps:
             t_eval = time.perf_counter()
             metrics.update(self.wait([self.actors.call(ActorWorker.evaluate)])[0][0])
             metrics["time/eval"] = time.perf_counter() - t_eval
         if samples is not None:
             metrics[SAMPLES_KEY] = samples
+        trained = self.sampling.trained_prompts()
+        if trained is not None:
+            metrics[PROMPTS_KEY] = trained
         return metrics
 
     def _samples(self, step: int, rows: torch.Tensor) -> list[dict[str, Any]]:
@@ -212,8 +234,8 @@ class GRPOStep:
 
     def _put_prompts(self, count: int) -> torch.Tensor:
         """Draw `count` prompts from the data source and fan each out to its n rows; returns the rows."""
-        samples = self.setup.source.batch(self.data_position, count)
-        self.data_position += count
+        samples = self.setup.source.batch(self._data_position, count)
+        self._data_position += count
         prompts = [torch.tensor(encode_prompt(self.setup, s.prompt, self.max_prompt_tokens)) for s in samples]
         return self.dock.put_prompts(prompts, self.rollout.n_samples_per_prompt,
                                      extra={"answer": [text_tensor(s.answer) for s in samples]})  # fmt: skip
@@ -231,18 +253,20 @@ class GRPOStep:
 
     # -- 4-5: log-probs -------------------------------------------------------------------------
 
-    def _log_prob_stages(self, num_groups: int) -> list[StageStart]:
-        """Starters of the reference and old log-prob stages over `num_groups` prompt groups."""
+    def _log_prob_stages(self, num_groups: int, rows: torch.Tensor | None = None) -> list[StageStart]:
+        """Starters of the reference and old log-prob stages over `num_groups` prompt groups (exactly
+        `rows`, when given: the actor ranks read them; separate reference workers share rows)."""
         count = self._share(num_groups, self.actors.ranks[0].dp_size)  # one reader per model replica
+        mine = None if rows is None else rows.tolist()
         starts: list[StageStart] = []
         references = self.cluster.references
         if self.algorithm.kl_coef > 0 and references is not None:  # separate reference workers share rows
             ref_count = self._share(num_groups, len(references.ranks))
             starts.append(lambda: references.call(ReferenceWorker.reference_logprobs, self.dock, ref_count))
         elif self.algorithm.kl_coef > 0:
-            starts.append(lambda: self.actors.call(ActorWorker.reference_logprobs, self.dock, count))
+            starts.append(lambda: self.actors.call(ActorWorker.reference_logprobs, self.dock, count, mine))
         if self._need_old(num_groups * self.rollout.n_samples_per_prompt):
-            starts.append(lambda: self.actors.call(ActorWorker.old_logprobs, self.dock, count))
+            starts.append(lambda: self.actors.call(ActorWorker.old_logprobs, self.dock, count, mine))
         return starts
 
     def _need_old(self, num_rows: int) -> bool:
@@ -250,13 +274,16 @@ class GRPOStep:
 
         With a rollout engine of its own kernels (vLLM) they are needed every step: they are what its
         log-probs are compared with (`rollout/logp_mismatch_*`). Where the ratio divides by the
-        behaviour log-probs (partial rollout) only a KL in the reward needs them.
+        behaviour log-probs (partial rollout) only a KL in the reward needs them. With an off-policy
+        correction they are the proximal policy, which for one optimiser step is the current one.
         """
         algo = self.algorithm
         kl_in_reward = algo.kl_in_reward and algo.kl_coef > 0
+        single_step = algo.epochs == 1 and num_rows <= self._mini_batch
+        if self.correction.active:  # the proximal policy: the update's start (current, one step)
+            return not single_step or kl_in_reward or self.separate_kernels
         if self.sampling.behaviour_ratio:
             return kl_in_reward
-        single_step = algo.epochs == 1 and num_rows <= self._mini_batch
         return not single_step or kl_in_reward or self.separate_kernels
 
     @property

@@ -29,7 +29,7 @@ from entrepot.grpo.run.identity import create_run
 from entrepot.grpo.run.metrics import MetricsWriter, WandbWriter
 from entrepot.grpo.run.resume import ResumePoint
 from entrepot.grpo.run.samples import SamplesWriter
-from entrepot.grpo.step import SAMPLES_KEY, GRPOStep
+from entrepot.grpo.step import PROMPTS_KEY, SAMPLES_KEY, GRPOStep
 from entrepot.grpo.workers import (
     ActorWorker,
     Pending,
@@ -95,6 +95,9 @@ class Trainer:
         self.history: list[dict[str, Any]] = []  # this session's steps (kept when interrupted)
         self.metrics = MetricsWriter(self.run_dir, config.logging)
         self.samples = SamplesWriter(self.run_dir)
+        self.prompts = SamplesWriter(
+            self.run_dir, PROMPTS_FILE
+        )  # asynchronous: which prompts each step trained
         self.wandb: WandbWriter | None = None
         try:
             if config.logging.wandb:
@@ -152,6 +155,9 @@ class Trainer:
                 metrics = self.train_step()
                 at_boundary = True
                 samples = metrics.pop(SAMPLES_KEY, None)  # records of their own, not metrics
+                trained = metrics.pop(PROMPTS_KEY, None)
+                if trained is not None:
+                    self.prompts.write([{"step": self.step, "prompts": trained}])
                 history.append(metrics)
                 self.metrics.write(metrics)
                 if samples is not None:
@@ -196,8 +202,14 @@ class Trainer:
         """
         states = self._wait([self.actors.call(ActorWorker.state)])[0]
         directory = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
-        meta = {"step": self.step, "data_position": self.data_position, "config": config_to_dict(self.config)}
-        writers = [lambda tmp: self.dock.save(str((tmp / "dock.pt").resolve()))]  # a Ray dock: absolute
+        sampling = self.grpo_step.sampling
+        meta = {"step": self.step, "data_position": self.data_position, "config": config_to_dict(self.config),
+                "sampling": sampling.state()}  # fmt: skip
+        writers: list[Callable[[Path], Any]] = []
+        if sampling.dock_in_checkpoint:  # asynchronous: the outstanding prompts are redone instead
+            writers.append(
+                lambda tmp: self.dock.save(str((tmp / "dock.pt").resolve()))
+            )  # a Ray dock: absolute
         if choose_engines(self.config.engine).train.shards_weights or self.config.model.lora.enabled:
             writers.append(lambda tmp: self._wait([self.actors.call(ActorWorker.export_hf, str(tmp / "hf"))]))
         shards = [_shard(rank) for rank in self.actors.ranks]
@@ -223,8 +235,10 @@ class Trainer:
                 raise CheckpointError(f"checkpoint {str(directory)!r}: dock.pt: {error}") from error
         self.step = point.step
         self.grpo_step.restored(int(meta["data_position"]))  # after the dock: its counters as saved
+        self.grpo_step.sampling.restore(meta.get("sampling", {}), self.step)
         self.metrics.truncate(self.step)  # steps after the checkpoint run again
         self.samples.truncate(self.step)
+        self.prompts.truncate(self.step)
         (self.run_dir / "resumed_from.json").write_text(
             json.dumps({"checkpoint": str(directory), "step": self.step})
         )
@@ -241,6 +255,9 @@ class Trainer:
 
     def close(self) -> None:
         """Stop the workers (the Ray runtime itself stays up for the next run in this process)."""
+        grpo_step = getattr(self, "grpo_step", None)
+        if grpo_step is not None:
+            grpo_step.sampling.close()  # the asynchronous rollout first: it uses the workers
         self.metrics.close()
         if self.wandb is not None:
             self.wandb.close()
@@ -264,6 +281,7 @@ def _prompt_lines(config: GRPOConfig, setup: TaskSetup) -> list[str]:
     return [how, f"first prompt as the model sees it: {shown}"]
 
 
+PROMPTS_FILE = "prompts.jsonl"  # asynchronous runs: {"step": s, "prompts": [data positions trained]}
 _PROMPT_SHOWN = 160  # characters of the first prompt's repr on its start-up line
 
 

@@ -1,5 +1,6 @@
 """entrepot.resharding — see the package README for what it provides."""
 
+from entrepot.resharding._checksum import checksum, checksums
 from entrepot.resharding._version import __version__
 from entrepot.resharding.adaptors import (
     ParamSpec,
@@ -62,6 +63,8 @@ __all__ = [
     "WeightResharder",
     "__version__",
     "adaptor_for_config",
+    "checksum",
+    "checksums",
     "get_adaptor",
     "known_architectures",
     "register_adaptor",

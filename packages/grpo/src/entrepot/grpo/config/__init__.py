@@ -29,6 +29,7 @@ from entrepot.grpo.config.reward import RewardConfig
 from entrepot.grpo.config.rollout import RolloutConfig
 from entrepot.grpo.config.root import GRPOConfig
 from entrepot.grpo.config.run import CheckpointConfig, EvalConfig, LoggingConfig
+from entrepot.grpo.config.trainer import TrainerConfig
 
 __all__ = [
     "AlgorithmConfig",
@@ -51,6 +52,7 @@ __all__ = [
     "RolloutConfig",
     "ThreadsConfig",
     "TrainParallelConfig",
+    "TrainerConfig",
     "config_from_dict",
     "config_to_dict",
     "dump_yaml",

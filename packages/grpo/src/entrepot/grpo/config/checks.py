@@ -14,9 +14,12 @@ from entrepot.grpo.config.engine import EngineConfig, ParallelConfig, TrainParal
 from entrepot.grpo.config.fields import check
 from entrepot.grpo.config.model import DataConfig, ModelConfig
 from entrepot.grpo.config.resources import DockConfig, ResourcesConfig
+from entrepot.grpo.config.reward import RewardConfig
 from entrepot.grpo.config.rollout import RolloutConfig
+from entrepot.grpo.config.trainer import TrainerConfig
 
 __all__ = [
+    "check_async",
     "check_batches",
     "check_colocation",
     "check_layout_fits_model",
@@ -224,3 +227,33 @@ def check_lora(model: ModelConfig, engine: EngineConfig) -> None:
     check(not model.lora.enabled or engine.train == "torch", "model.lora.rank", model.lora.rank,
           f"0 with engine.train={engine.train!r}: LoRA adapters run on engine.train=torch (megatron-core "
           "has no peft integration here; train the full model there)")  # fmt: skip
+
+
+def check_async(
+    trainer: TrainerConfig, resources: ResourcesConfig, parallel: ParallelConfig, engine: EngineConfig,
+    rollout: RolloutConfig, algorithm: AlgorithmConfig, reward: RewardConfig, model: ModelConfig,
+) -> None:  # fmt: skip
+    """Asynchronous training runs in one process for now, with the torch engines and plain sampling.
+
+    Each refusal names what does not run asynchronously yet, rather than accepting it and failing later.
+    """
+    if not trainer.asynchronous:
+        return
+    why = "with trainer.mode 'async' (it runs in one process for now)"
+    check(resources.use_ray is not True, "resources.use_ray", resources.use_ray, f"false or null {why}")
+    for key, value in (("num_actor_workers", resources.num_actor_workers),
+                       ("num_reward_workers", resources.num_reward_workers)):  # fmt: skip
+        check(value == 1, f"resources.{key}", value, f"1 {why}")
+    for key, value in (("tensor", parallel.train.tensor), ("pipeline", parallel.train.pipeline)):
+        check(value == 1, f"parallel.train.{key}", value, f"1 {why}")
+    for key, flag in (("colocate", resources.colocate), ("blocking", resources.blocking)):
+        check(flag, f"resources.{key}", flag, f"true {why}")
+    check(resources.ray_address is None, "resources.ray_address", resources.ray_address, f"null {why}")
+    check(engine.train == "torch", "engine.train", engine.train, f"'torch' {why}")
+    check(engine.rollout == "torch", "engine.rollout", engine.rollout, f"'torch' {why}")
+    check(rollout.partial_max_tokens is None, "rollout.partial_max_tokens", rollout.partial_max_tokens,
+          "null with trainer.mode 'async' (its rollout continues unfinished responses by itself, "
+          "trainer.chunk_tokens at a time)")  # fmt: skip
+    check(not algorithm.dynamic_sampling, "algorithm.dynamic_sampling", True, f"false {why}")
+    check(not reward.models, "reward.models", reward.models, f"empty {why}")
+    check(not model.lora.enabled, "model.lora.rank", model.lora.rank, f"0 {why}")

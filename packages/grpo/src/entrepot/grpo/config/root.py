@@ -21,6 +21,7 @@ from entrepot.grpo.config.resources import DockConfig, ResourcesConfig, ThreadsC
 from entrepot.grpo.config.reward import RewardConfig
 from entrepot.grpo.config.rollout import RolloutConfig
 from entrepot.grpo.config.run import CheckpointConfig, EvalConfig, LoggingConfig
+from entrepot.grpo.config.trainer import TrainerConfig
 
 __all__ = ["GRPOConfig"]
 
@@ -50,6 +51,9 @@ class GRPOConfig:
     eval: EvalConfig = field(default_factory=EvalConfig, metadata=doc("Evaluation."))
     logging: LoggingConfig = field(default_factory=LoggingConfig, metadata=doc("Metrics output."))
     threads: ThreadsConfig = field(default_factory=ThreadsConfig, metadata=doc("Threads per process."))
+    trainer: TrainerConfig = field(
+        default_factory=TrainerConfig, metadata=doc("Synchronous or asynchronous training.")
+    )
 
     def __post_init__(self) -> None:
         check(self.max_steps >= 1, "max_steps", self.max_steps, ">= 1")
@@ -65,3 +69,5 @@ class GRPOConfig:
         checks.check_partial_rollout(self.rollout, self.algorithm, self.parallel)
         checks.check_truncation_mask(self.rollout, self.algorithm)
         checks.check_lora(self.model, self.engine)
+        checks.check_async(self.trainer, self.resources, self.parallel, self.engine, self.rollout,
+                           self.algorithm, self.reward, self.model)  # fmt: skip

@@ -72,10 +72,10 @@ def build_samples(
 
 
 class SamplesWriter:
-    """Appends sample records to `run_dir/samples.jsonl` (created on the first write)."""
+    """Appends records of steps (each with its "step") to `run_dir/name` (created on the first write)."""
 
-    def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / SAMPLES_FILE
+    def __init__(self, run_dir: Path, name: str = SAMPLES_FILE) -> None:
+        self.path = run_dir / name
 
     def write(self, samples: Sequence[Mapping[str, Any]]) -> None:
         with self.path.open("a") as f:

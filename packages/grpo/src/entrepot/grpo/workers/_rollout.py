@@ -33,13 +33,13 @@ def batch_generator(base: int, rows: torch.Tensor) -> torch.Generator:
 
 def full_rollout(
     policy: Policy, reader: DockReader, dock: DockClient, count: int, *, n: int, base: int | None,
-    alone: bool, puts: bool,
+    alone: bool, puts: bool, logprobs: bool,
 ) -> dict[str, float]:  # fmt: skip
     """Whole responses for every prompt row (`count` rows a get, whole groups of `n`); `rollout_tokens`.
 
     `alone`: every rank samples its own rows (TP1 rollout); otherwise a tensor-parallel engine spans
     the model-parallel group, whose ranks generate the same rows in lockstep and whose first rank
-    `puts` them.
+    `puts` them. `logprobs`: the engine's log-probs of its tokens go into the dock too.
     """
     engine, tokens = policy.engine, 0
     for batch in reader.batches(dock, "actor_rollout", ["prompts"], count, min_count=n, alone=alone):
@@ -47,7 +47,7 @@ def full_rollout(
         generator = policy.generator if base is None else batch_generator(base, batch.indexes)
         out = engine.generate(prompts, policy.sampling, pad_token_id=_pad(policy), generator=generator)
         columns: dict[str, Any] = {"responses": (out.tokens, out.lengths), "response_length": out.lengths}
-        if policy.engines.rollout.separate_kernels:
+        if logprobs:
             columns["rollout_log_prob"] = (out.logprobs, out.lengths)
         if alone or puts:
             dock.put(columns, batch.indexes)

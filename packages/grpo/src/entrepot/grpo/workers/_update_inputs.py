@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -10,7 +11,8 @@ from entrepot.dock import Batch
 from entrepot.grpo.algo.sequences import ResponseBatch
 from entrepot.grpo.algo.shaping import truncated_rows
 from entrepot.grpo.algo.update import UpdateInputs
-from entrepot.grpo.config import AlgorithmConfig, RolloutConfig
+from entrepot.grpo.config import AlgorithmConfig, CorrectionConfig
+from entrepot.grpo.config.correction import resolve as resolve_correction
 from entrepot.grpo.engines.base import SamplingParams
 from entrepot.grpo.workers._stage import SEQUENCE_COLUMNS
 
@@ -29,18 +31,47 @@ def response_batch(batch: Batch) -> ResponseBatch:
     )
 
 
-UpdateColumns = tuple[list[str], bool, str | None]
-"""(dock columns the update reads, whether the loss has a KL term, the old log-probs' column)."""
+@dataclass(frozen=True)
+class UpdateColumns:
+    """What the update reads from the dock.
+
+    Attributes:
+        columns: the dock columns.
+        use_ref: the loss has a KL term (reference log-probs).
+        old: the ratio's old log-probs' column (None: the current ones, detached).
+        behaviour: the rollout's log-probs' column for the off-policy correction (None: no correction).
+        correction: the resolved `algorithm.correction`.
+    """
+
+    columns: list[str]
+    use_ref: bool
+    old: str | None
+    behaviour: str | None
+    correction: CorrectionConfig
 
 
-def update_columns(algorithm: AlgorithmConfig, rollout: RolloutConfig, with_old: bool) -> UpdateColumns:
-    """The columns of the update; the ratio's old log-probs come from the behaviour log-probs (partial
-    rollout), the old-log-prob stage (`with_old`), or nowhere (None: the current ones, detached)."""
+def update_columns(
+    algorithm: AlgorithmConfig, *, with_old: bool, behaviour: bool, asynchronous: bool, rollout_logprobs: bool
+) -> UpdateColumns:
+    """The columns of the update.
+
+    The ratio's old log-probs come from the old-log-prob stage (`with_old`), else from the behaviour
+    log-probs (`behaviour`: partial rollout, asynchronous training) unless a correction weighs them,
+    else nowhere (the current ones, detached: one optimiser step). The off-policy
+    correction (`algorithm.correction`, resolved for the mode) reads the rollout's log-probs, which
+    the dock holds with `behaviour` or `rollout_logprobs` (an engine of its own kernels, or the
+    correction asked for in synchronous training).
+    """
     use_ref = algorithm.kl_coef > 0 and not algorithm.kl_in_reward
-    old = _OLD_BEHAVIOUR if rollout.partial_max_tokens is not None else "old_log_prob" if with_old else None
+    correction = resolve_correction(algorithm.correction, asynchronous)
+    corrected = correction.active and (behaviour or rollout_logprobs)
+    # a corrected update of one optimiser step needs no old-log-prob pass: the proximal log-probs are
+    # the current ones, detached, and the correction weighs them against the rollout's
+    old = "old_log_prob" if with_old else None if corrected else _OLD_BEHAVIOUR if behaviour else None
     columns = [*SEQUENCE_COLUMNS, "advantages", *(["ref_log_prob"] if use_ref else [])]
     columns += [old] if old else []
-    return columns, use_ref, old
+    columns += [_OLD_BEHAVIOUR] if corrected and old != _OLD_BEHAVIOUR else []
+    return UpdateColumns(columns, use_ref, old, _OLD_BEHAVIOUR if corrected else None, correction)
 
 
 def update_inputs(
@@ -49,7 +80,7 @@ def update_inputs(
 ) -> UpdateInputs:  # fmt: skip
     """This rank's `UpdateInputs` from the rows it took (`got`; None: it holds no row of this step, a
     short dynamic-sampling step), split into the mini-batches of `plan`."""
-    _, use_ref, old = columns
+    use_ref, old = columns.use_ref, columns.old
     sizes = [len(mini) for mini in plan]
     local = torch.split(torch.arange(sum(sizes)), sizes)
     if got is None:
@@ -67,4 +98,6 @@ def update_inputs(
         horizon=algorithm.loss_horizon or sampling.max_new_tokens,
         keep=~truncated_rows(batch, sampling.max_new_tokens, sampling.stop_token_ids)
         if algorithm.mask_truncated else None,
+        behaviour_logp=None if columns.behaviour is None else data[columns.behaviour].float(),
+        correction=columns.correction,
     )  # fmt: skip

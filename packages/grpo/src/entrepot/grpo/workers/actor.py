@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from entrepot.dock import DockClient
+from entrepot.dock import Batch, DockClient
 from entrepot.grpo.config import GRPOConfig
+from entrepot.grpo.config.correction import resolve as resolve_correction
 from entrepot.grpo.data.lengths import partial_max_age
 from entrepot.grpo.embedded.threads import configure_threads, use_deterministic_kernels
 from entrepot.grpo.engines.frozen import device_bytes
@@ -40,6 +41,9 @@ from entrepot.grpo.workers._rollout import LogpMismatch, full_rollout, partial_r
 from entrepot.grpo.workers._stage import SEQUENCE_COLUMNS, DockReader, stage
 from entrepot.grpo.workers._update_inputs import response_batch, update_columns, update_inputs
 from entrepot.grpo.workers.ranks import RankInfo
+
+if TYPE_CHECKING:
+    from entrepot.grpo.engines.weight_sync import PublishedWeights
 
 __all__ = ["ActorWorker"]
 
@@ -116,6 +120,13 @@ class ActorWorker:
         return bool(self.trainer.is_last_stage and self.trainer.tp_rank == 0)
 
     @property
+    def _rollout_logprobs(self) -> bool:
+        """Whether a whole-response rollout puts its log-probs in the dock: an engine of its own
+        kernels (the old-log-prob stage compares them), or an off-policy correction asked for."""
+        correction = resolve_correction(self.config.algorithm.correction, self.config.trainer.asynchronous)
+        return self.policy.engines.rollout.separate_kernels or correction.active
+
+    @property
     def _pad(self) -> int:
         return int(self.policy.setup.tokenizer.pad_token_id)
 
@@ -153,7 +164,7 @@ class ActorWorker:
         else:
             stats = full_rollout(policy, self.reader, dock, count, n=cfg.rollout.n_samples_per_prompt,
                                  base=base, alone=cfg.parallel.infer.tensor == 1,
-                                 puts=self.rank.reads_dock)  # fmt: skip
+                                 puts=self.rank.reads_dock, logprobs=self._rollout_logprobs)  # fmt: skip
         t2 = time.perf_counter()
         sample()
         policy.manager.exit_infer_mode()
@@ -181,8 +192,11 @@ class ActorWorker:
         return stats
 
     @stage("ref_log_prob")
-    def reference_logprobs(self, dock: DockClient, count: int) -> dict[str, float]:
-        """Reference log-probs of response tokens (flat, per row) into the dock, `count` rows at a time.
+    def reference_logprobs(
+        self, dock: DockClient, count: int, rows: Sequence[int] | None = None
+    ) -> dict[str, float]:
+        """Reference log-probs of response tokens (flat, per row) into the dock, `count` rows at a time
+        (of `rows` only, when given: asynchronous training's step).
 
         The reference is onloaded once for the stage and offloaded after it (engine.offload_reference).
         """
@@ -190,13 +204,16 @@ class ActorWorker:
         stats: dict[str, float] = {}
         with self.memory.phase("ref_log_prob", stats) as sample, self.trainer.reference_resident():
             sample()
-            self._log_probs(dock, "ref_log_prob", "ref_log_prob", count, reference=True)
+            self._log_probs(dock, "ref_log_prob", "ref_log_prob", count, reference=True, rows=rows)
         stats["time/ref"] = time.perf_counter() - t0
         return stats
 
     @stage("actor_log_prob")
-    def old_logprobs(self, dock: DockClient, count: int) -> dict[str, float]:
-        """Log-probs of the sampling policy (needed when the update takes several optimiser steps).
+    def old_logprobs(
+        self, dock: DockClient, count: int, rows: Sequence[int] | None = None
+    ) -> dict[str, float]:
+        """Log-probs of the policy the update starts from (needed when the update takes several optimiser
+        steps, or by the off-policy correction), `count` rows at a time (of `rows` only, when given).
 
         When the rollout engine returned its own log-probs (vLLM), also their distance to these:
         `rollout/logp_mismatch_mean` and `_max`; a mean above `engine.max_logp_mismatch` fails the step
@@ -207,7 +224,8 @@ class ActorWorker:
         mismatch = LogpMismatch() if self.policy.engines.rollout.separate_kernels else None
         with self.memory.phase("old_log_prob", metrics) as sample:
             sample(self.policy.manager.enter_forward_mode())
-            self._log_probs(dock, "actor_log_prob", "old_log_prob", count, reference=False, mismatch=mismatch)
+            self._log_probs(dock, "actor_log_prob", "old_log_prob", count, reference=False, mismatch=mismatch,
+                            rows=rows)  # fmt: skip
             self.policy.manager.exit_forward_mode()
         metrics["time/old_logp"] = time.perf_counter() - t0
         if mismatch is not None:
@@ -227,29 +245,42 @@ class ActorWorker:
 
     def _log_probs(
         self, dock: DockClient, consumer: str, column: str, count: int, *, reference: bool,
-        mismatch: LogpMismatch | None = None,
+        mismatch: LogpMismatch | None = None, rows: Sequence[int] | None = None,
     ) -> None:  # fmt: skip
         n = self.config.rollout.n_samples_per_prompt
         columns = [*SEQUENCE_COLUMNS, *(["rollout_log_prob"] if mismatch is not None else [])]
-        for batch in self.reader.batches(dock, consumer, columns, count, min_count=n):
-            rows = response_batch(batch)
-            logp = self.trainer.logprobs(rows, column, reference=reference)
+        if rows is None:
+            batches: Iterable[Batch] = self.reader.batches(dock, consumer, columns, count, min_count=n)
+        else:
+            chunks = [rows[i : i + count] for i in range(0, len(rows), count)]
+            batches = (self.reader.take(dock, consumer, columns, chunk) for chunk in chunks)
+        for batch in batches:
+            sequences = response_batch(batch)
+            logp = self.trainer.logprobs(sequences, column, reference=reference)
             if self._writes and logp is not None:  # the last pipeline stage computes them
-                dock.put({column: (logp, rows.response_lengths)}, batch.indexes)
+                dock.put({column: (logp, sequences.response_lengths)}, batch.indexes)
                 if mismatch is not None:
                     mismatch.add(batch.columns["rollout_log_prob"], logp)
 
     @stage("actor_train")
     def update(
-        self, dock: DockClient, plan: Sequence[Sequence[Sequence[int]]], *, with_old: bool
-    ) -> dict[str, float]:
-        """The policy update on this rank's rows: `plan[dp_rank]` lists the dock rows of each mini-batch."""
+        self, dock: DockClient, plan: Sequence[Sequence[Sequence[int]]], *, with_old: bool,
+        behaviour: bool = False,
+    ) -> dict[str, float]:  # fmt: skip
+        """The policy update on this rank's rows: `plan[dp_rank]` lists the dock rows of each mini-batch.
+
+        `with_old`: the old-log-prob stage ran; `behaviour`: the rollout's log-probs are the ratio's
+        old ones when it did not (partial rollout, asynchronous training).
+        """
         t0 = time.perf_counter()
         cfg, policy = self.config, self.policy
         mine = plan[self.rank.dp_rank]
-        columns = update_columns(cfg.algorithm, cfg.rollout, with_old)
+        columns = update_columns(
+            cfg.algorithm, with_old=with_old, behaviour=behaviour, asynchronous=cfg.trainer.asynchronous,
+            rollout_logprobs=self._rollout_logprobs,
+        )  # fmt: skip
         rows = [row for mini in mine for row in mini]
-        got = self.reader.take(dock, "actor_train", columns[0], rows) if rows else None
+        got = self.reader.take(dock, "actor_train", columns.columns, rows) if rows else None
         inputs = update_inputs(got, mine, columns, cfg.algorithm, policy.sampling)
         memory: dict[str, float] = {}
         with self.memory.phase("update", memory) as sample:
@@ -277,6 +308,19 @@ class ActorWorker:
                                max_prompt_tokens=cfg.data.max_prompt_tokens)  # fmt: skip
         finally:
             manager.exit_infer_mode()
+
+    def publish_weights(self, version: int) -> PublishedWeights:
+        """This rank's weights in the rollout engine's layout, copied and checksummed as `version`
+        (asynchronous training: the rollout loads them between two chunks)."""
+        from entrepot.grpo.engines.weight_sync import publish
+
+        manager = self.policy.manager
+        weights = manager.resharder.reshard(manager.train_engine.named_train_parameters())
+        try:
+            return publish(version, weights)
+        finally:
+            del weights
+            manager.resharder.destroy_buffers()
 
     def export_hf(self, directory: str) -> None:
         """Rank 0 writes the policy as an HF model directory (every rank joins the resharding)."""

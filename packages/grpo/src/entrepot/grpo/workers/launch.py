@@ -73,8 +73,9 @@ def launch(config: GRPOConfig, run_dir: str | None = None) -> Cluster:
     partial = config.rollout.partial_max_tokens is not None
     max_age = partial_max_age(config.data, config.rollout)
     dock_args: dict[str, Any] = {
-        # partial rollout: each step's prompts plus the groups of up to max_age - 1 earlier steps
-        "prompts_num": config.rollout.prompts_per_step * max_age,
+        # partial rollout: each step's prompts plus the groups of up to max_age - 1 earlier steps;
+        # asynchronous: the max_staleness + 1 steps' groups the rollout may have going
+        "prompts_num": config.rollout.prompts_per_step * max(max_age, _async_steps(config)),
         "n_samples_per_prompt": config.rollout.n_samples_per_prompt,
         # rollout_log_prob: the rollout engine's log-probs of its sampled tokens (vLLM's, or the behaviour
         # log-probs of partial rollout; flat per row); policy_version: the version that sampled each
@@ -175,3 +176,8 @@ def _ray_dock(
     files_root = None if run_dir is None else str(Path(run_dir).resolve())  # the driver's view of it
     dock = RayDockClient.launch(GRPODock, num_cpus=0, files_root=files_root, **dock_args)
     return dock, (dock.actor,)
+
+
+def _async_steps(config: GRPOConfig) -> int:
+    """Steps' worth of groups an asynchronous rollout keeps going (1 in synchronous training)."""
+    return config.trainer.max_staleness + 1 if config.trainer.asynchronous else 1

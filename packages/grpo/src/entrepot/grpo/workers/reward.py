@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Sequence
 
 import torch
 
-from entrepot.dock import DockClient
+from entrepot.dock import Batch, DockClient
 from entrepot.grpo.algo.shaping import overlong_penalty
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.data import rewards
@@ -75,34 +76,47 @@ class RewardWorker:
     def score(self, dock: DockClient, count: int) -> dict[str, float]:
         """Score unscored responses, up to `count` rows at a time; put `rm_scores` and `accuracy`."""
         t0 = time.perf_counter()
-        reward = self.config.reward
         n = self.config.rollout.n_samples_per_prompt
-        with_models = bool(reward.models)  # the reward-model stage's column, ready before these rows are
-        columns = ["responses", "response_length", "answer", *([MODEL_SCORES] if with_models else [])]
-        for batch in self.reader.batches(dock, "rule_reward", columns, count, min_count=n):
-            ids = batch.columns["responses"].tolist()
-            texts = [
-                self.tokenizer.decode(ids[start:end], skip_special_tokens=True)
-                for start, end in _bounds(batch.lengths["responses"])
-            ]
-            raw = batch.columns["answer"].to(torch.uint8).numpy().tobytes()
-            answers = [_text(raw[start:end]) for start, end in _bounds(batch.lengths["answer"])]
-            scores = torch.tensor(rewards.score(texts, answers, reward.verifiers), dtype=torch.float32)
-            if with_models:
-                scores += batch.columns[MODEL_SCORES].float()
-            if reward.overlong_buffer:  # DAPO's soft overlong punishment
-                scores += overlong_penalty(
-                    batch.lengths["responses"], self.budget, reward.overlong_buffer, reward.overlong_penalty
-                )
-            correct = rewards.score(texts, answers, {reward.accuracy_verifier: 1.0})
-            dock.put(
-                {
-                    "rm_scores": scores,
-                    "accuracy": torch.tensor([float(c >= 1.0) for c in correct], dtype=torch.float32),
-                },
-                batch.indexes,
-            )
+        for batch in self.reader.batches(dock, "rule_reward", self._columns, count, min_count=n):
+            self._score(dock, batch)
         return {"time/reward": time.perf_counter() - t0}
+
+    @stage("rule_reward")
+    def score_rows(self, dock: DockClient, rows: Sequence[int]) -> dict[str, float]:
+        """Score exactly `rows` (asynchronous training: the rollout scores each group as it finishes)."""
+        t0 = time.perf_counter()
+        self._score(dock, self.reader.take(dock, "rule_reward", self._columns, rows))
+        return {"time/reward": time.perf_counter() - t0}
+
+    @property
+    def _columns(self) -> list[str]:
+        with_models = bool(self.config.reward.models)  # the reward-model stage's column
+        return ["responses", "response_length", "answer", *([MODEL_SCORES] if with_models else [])]
+
+    def _score(self, dock: DockClient, batch: Batch) -> None:
+        reward = self.config.reward
+        ids = batch.columns["responses"].tolist()
+        texts = [
+            self.tokenizer.decode(ids[start:end], skip_special_tokens=True)
+            for start, end in _bounds(batch.lengths["responses"])
+        ]
+        raw = batch.columns["answer"].to(torch.uint8).numpy().tobytes()
+        answers = [_text(raw[start:end]) for start, end in _bounds(batch.lengths["answer"])]
+        scores = torch.tensor(rewards.score(texts, answers, reward.verifiers), dtype=torch.float32)
+        if reward.models:
+            scores += batch.columns[MODEL_SCORES].float()
+        if reward.overlong_buffer:  # DAPO's soft overlong punishment
+            scores += overlong_penalty(
+                batch.lengths["responses"], self.budget, reward.overlong_buffer, reward.overlong_penalty
+            )
+        correct = rewards.score(texts, answers, {reward.accuracy_verifier: 1.0})
+        dock.put(
+            {
+                "rm_scores": scores,
+                "accuracy": torch.tensor([float(c >= 1.0) for c in correct], dtype=torch.float32),
+            },
+            batch.indexes,
+        )
 
     def shutdown(self) -> None:
         """Nothing to release (the group's close ends the process)."""

@@ -1,0 +1,87 @@
+"""Synchronous or asynchronous training: the `trainer` section.
+
+Synchronous (the default): a step rolls out, scores and trains its own prompts, lockstep. Asynchronous:
+rollout runs all the time on a thread of its own with its own copy of the weights, training takes a
+step's worth of finished groups as soon as they are ready, and each update's weights reach the
+rollout between two of its chunks (`entrepot.grpo.asynchronous`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from entrepot.grpo.config.fields import check, check_choice, doc
+
+__all__ = ["StalenessPolicy", "TrainerConfig", "TrainerMode"]
+
+TrainerMode = Literal["sync", "async"]
+StalenessPolicy = Literal["wait", "drop"]
+
+
+@dataclass(kw_only=True)
+class TrainerConfig:
+    """How rollout and training take turns."""
+
+    mode: TrainerMode = field(
+        default="sync",
+        metadata=doc(
+            "sync: rollout, reward, update, one after another each step. async: rollout runs "
+            "continuously beside training (one process: a thread of its own), a step trains the "
+            "oldest finished groups, new weights reach the rollout between its chunks (the grpo "
+            "README's 'Training modes')."
+        ),
+    )
+    max_staleness: int = field(
+        default=1,
+        metadata=doc(
+            "async: policy versions (steps) the oldest token of a trained group may lag the policy "
+            "it trains; 0 = every token sampled by the policy being updated."
+        ),
+    )
+    staleness_policy: StalenessPolicy = field(
+        default="wait",
+        metadata=doc(
+            "async: wait = the rollout starts a prompt only when it will be trained within "
+            "max_staleness versions, and steps train groups in the order their prompts were drawn "
+            "(no prompt is ever dropped); drop = the rollout runs ahead, steps train whichever "
+            "groups finish first and drop those past max_staleness (metric async/groups_dropped)."
+        ),
+    )
+    chunk_tokens: int = field(
+        default=8,
+        metadata=doc(
+            "async: tokens the rollout decodes per response between two looks at new weights and "
+            "free slots; an unfinished response continues under the newest weights, each token "
+            "tagged with the version that sampled it."
+        ),
+    )
+    rollout_slots: int | None = field(
+        default=None,
+        metadata=doc(
+            "async: responses the rollout decodes at once (finished ones are replaced by new "
+            "prompts' at the next chunk); null = rollout.prompts_per_step x n_samples_per_prompt."
+        ),
+    )
+    weight_sync_timeout_s: float = field(
+        default=300.0,
+        metadata=doc(
+            "async: longest the rollout may take to load published weights, and a step may wait for "
+            "the rollout's groups beyond resources.stage_timeout_s; past it the run fails naming "
+            "the rollout rank."
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        check_choice("trainer.mode", self.mode, ("sync", "async"))
+        check_choice("trainer.staleness_policy", self.staleness_policy, ("wait", "drop"))
+        check(self.max_staleness >= 0, "trainer.max_staleness", self.max_staleness, ">= 0")
+        check(self.chunk_tokens >= 1, "trainer.chunk_tokens", self.chunk_tokens, ">= 1")
+        if self.rollout_slots is not None:
+            check(self.rollout_slots >= 1, "trainer.rollout_slots", self.rollout_slots, ">= 1 or null")
+        check(self.weight_sync_timeout_s > 0, "trainer.weight_sync_timeout_s", self.weight_sync_timeout_s,
+              "> 0")  # fmt: skip
+
+    @property
+    def asynchronous(self) -> bool:
+        return self.mode == "async"

@@ -1,0 +1,174 @@
+"""Asynchronous training runs (`trainer.mode: async`, one process): the bound, the order, the failures.
+
+Each test trains a few steps of the embedded default with small steps; the rollout decodes 2 tokens
+per chunk so that responses (8-9 tokens) span several chunks and meet new weights mid-response.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from entrepot.grpo import load_config
+from entrepot.grpo.errors import RolloutLostError, WeightSyncError
+from entrepot.grpo.trainer import Trainer
+
+pytestmark = pytest.mark.integration  # training runs
+
+P = 8  # prompts a step
+FAST = [
+    "trainer.mode=async", "trainer.chunk_tokens=2", f"rollout.prompts_per_step={P}",
+    "rollout.n_samples_per_prompt=4", "eval.every=0", "eval.num_prompts=8", "checkpoint.save_every=0",
+    "logging.tensorboard=false", "logging.samples_every=0",
+]  # fmt: skip
+
+
+def _trainer(tmp_path: Path, *overrides: str, name: str = "run") -> Trainer:
+    return Trainer(load_config(None, [*FAST, *overrides]), tmp_path / name)
+
+
+def _trained_prompts(run_dir: Path) -> list[list[int]]:
+    lines = (run_dir / "prompts.jsonl").read_text().splitlines()
+    return [json.loads(line)["prompts"] for line in lines if line]
+
+
+def _ages(rows: list[dict[str, Any]]) -> set[int]:
+    return {
+        int(k.rsplit("_", 1)[1])
+        for r in rows
+        for k, v in r.items()
+        if k.startswith("async/tokens_age_") and v
+    }
+
+
+def test_async_trains_in_prompt_order_within_the_bound_and_updates_in_flight(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path, "trainer.max_staleness=1", "max_steps=6")
+    try:
+        before = trainer.parameters()
+        rows = trainer.fit()
+        after = trainer.parameters()
+    finally:
+        trainer.close()
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    assert any(not torch.equal(before[k], after[k]) for k in before)  # it trained
+    # wait policy: step s trains the s-th batch of prompts drawn, each prompt once
+    assert _trained_prompts(tmp_path / "run") == [list(range(s * P, (s + 1) * P)) for s in range(6)]
+    assert _ages(rows) <= {0, 1} and 1 in _ages(rows)  # one version behind at most, and it ran ahead
+    assert sum(r["async/weight_loads"] for r in rows) >= 6  # every update reached the rollout
+    assert sum(r["async/in_flight_updates"] for r in rows) >= 1  # responses continued under new weights
+    assert all(0.0 < r["offpolicy/is_weight_mean"] <= 2.0 for r in rows)  # tis, cap 2: on by default
+    assert all(r["async/weight_sync_gbps"] > 0 for r in rows if r["async/weight_loads"])
+
+
+def test_lockstep_bound_trains_only_fresh_tokens(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path, "trainer.max_staleness=0", "max_steps=3")
+    try:
+        rows = trainer.fit()
+    finally:
+        trainer.close()
+    assert _ages(rows) == {0}
+
+
+def test_drop_policy_trains_first_finished_and_drops_past_the_bound(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path, "trainer.staleness_policy=drop", "trainer.max_staleness=0", "max_steps=4")
+    try:
+        rows = trainer.fit()
+    finally:
+        trainer.close()
+    assert _ages(rows) == {0}  # nothing older than the bound was trained
+    trained = [p for step in _trained_prompts(tmp_path / "run") for p in step]
+    assert len(trained) == len(set(trained)) == 4 * P  # each prompt trained at most once
+    assert all("async/groups_dropped" in r for r in rows)
+
+
+def test_a_rollout_that_dies_mid_generation_fails_the_step_naming_it(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path, "max_steps=5")
+    try:
+        trainer.train_step()
+        loop = trainer.grpo_step.sampling.loop  # type: ignore[attr-defined]
+
+        def broken(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("the device fell off the bus")
+
+        loop.engine.generate = broken
+        t0 = time.monotonic()
+        with pytest.raises(RolloutLostError, match=r"rollout rank 0 failed: RuntimeError: the device fell"):
+            for _ in range(4):
+                trainer.train_step()
+        assert time.monotonic() - t0 < 30
+    finally:
+        trainer.close()
+
+
+def test_a_rollout_that_stops_answering_fails_the_step_within_the_timeout(tmp_path: Path) -> None:
+    trainer = _trainer(
+        tmp_path, "max_steps=5", "resources.stage_timeout_s=1", "trainer.weight_sync_timeout_s=1"
+    )
+    try:
+        trainer.train_step()
+        loop = trainer.grpo_step.sampling.loop  # type: ignore[attr-defined]
+        stuck = loop._stop  # the loop's own stop event: close() releases it
+
+        def hangs(*args: Any, **kwargs: Any) -> Any:
+            stuck.wait()
+            raise InterruptedError
+
+        loop.engine.generate = hangs
+        t0 = time.monotonic()
+        with pytest.raises(RolloutLostError, match=r"rollout rank 0 failed: no step's worth .* decoding"):
+            for _ in range(4):
+                trainer.train_step()
+        assert time.monotonic() - t0 < 15
+    finally:
+        trainer.close()
+
+
+def test_weights_corrupted_in_a_sync_fail_the_run_naming_both_ranks(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path, "max_steps=5")
+    try:
+        trainer.train_step()
+        actor = trainer.actors.workers[0]
+        publish = actor.publish_weights
+
+        def corrupted(version: int) -> Any:
+            weights = publish(version)
+            weights.buckets[0][0] += 1.0  # a bit flipped between the trainer and the rollout
+            return weights
+
+        actor.publish_weights = corrupted  # type: ignore[method-assign]
+        with pytest.raises(WeightSyncError, match=r"from actor rank 0 to rollout rank 0: checksum mismatch"):
+            for _ in range(4):
+                trainer.train_step()
+    finally:
+        trainer.close()
+
+
+def test_resume_redoes_the_prompts_in_flight_and_skips_none(tmp_path: Path) -> None:
+    first = _trainer(tmp_path, "max_steps=5", "checkpoint.save_every=2")
+    try:
+        for _ in range(3):  # checkpoint at step 2; step 3 trains and its checkpoint never comes
+            first.train_step()
+            if first.step == 2:
+                first.save()
+        outstanding = first.grpo_step.sampling.state()["outstanding"]  # type: ignore[attr-defined]
+    finally:
+        first.close()
+    assert outstanding  # the rollout had prompts in flight when it stopped
+    from entrepot.grpo.run.resume import resume_point
+
+    config = load_config(None, [*FAST, "max_steps=5"])
+    point = resume_point(tmp_path / "run", config)
+    assert point.step == 2
+    second = Trainer(config, tmp_path / "run", resume=point)
+    try:
+        second.fit()
+    finally:
+        second.close()
+    # steps 3-5 of the resumed run train the prompts after step 2's, in order, each once: those the
+    # first run had in flight (and trained in its step 3, never checkpointed) are redone
+    assert _trained_prompts(tmp_path / "run") == [list(range(s * P, (s + 1) * P)) for s in range(2, 5)]
