@@ -90,7 +90,7 @@ def test_a_rollout_that_dies_mid_generation_fails_the_step_naming_it(tmp_path: P
     trainer = _trainer(tmp_path, "max_steps=5")
     try:
         trainer.train_step()
-        loop = trainer.grpo_step.sampling.loop  # type: ignore[attr-defined]
+        loop = trainer.grpo_step.sampling.rollouts.workers[0].loop  # type: ignore[attr-defined]
 
         def broken(*args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("the device fell off the bus")
@@ -111,7 +111,7 @@ def test_a_rollout_that_stops_answering_fails_the_step_within_the_timeout(tmp_pa
     )
     try:
         trainer.train_step()
-        loop = trainer.grpo_step.sampling.loop  # type: ignore[attr-defined]
+        loop = trainer.grpo_step.sampling.rollouts.workers[0].loop  # type: ignore[attr-defined]
         stuck = loop._stop  # the loop's own stop event: close() releases it
 
         def hangs(*args: Any, **kwargs: Any) -> Any:
@@ -128,19 +128,22 @@ def test_a_rollout_that_stops_answering_fails_the_step_within_the_timeout(tmp_pa
         trainer.close()
 
 
-def test_weights_corrupted_in_a_sync_fail_the_run_naming_both_ranks(tmp_path: Path) -> None:
+def test_weights_corrupted_in_a_sync_fail_the_run_naming_both_ranks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from entrepot.grpo.workers import ActorWorker
+
     trainer = _trainer(tmp_path, "max_steps=5")
     try:
         trainer.train_step()
-        actor = trainer.actors.workers[0]
-        publish = actor.publish_weights
+        publish = ActorWorker.publish_weights
 
-        def corrupted(version: int) -> Any:
-            weights = publish(version)
+        def corrupted(worker: ActorWorker, version: int) -> Any:
+            weights = publish(worker, version)
             weights.buckets[0][0] += 1.0  # a bit flipped between the trainer and the rollout
             return weights
 
-        actor.publish_weights = corrupted  # type: ignore[method-assign]
+        monkeypatch.setattr(ActorWorker, "publish_weights", corrupted)
         with pytest.raises(WeightSyncError, match=r"from actor rank 0 to rollout rank 0: checksum mismatch"):
             for _ in range(4):
                 trainer.train_step()
@@ -172,3 +175,87 @@ def test_resume_redoes_the_prompts_in_flight_and_skips_none(tmp_path: Path) -> N
     # steps 3-5 of the resumed run train the prompts after step 2's, in order, each once: those the
     # first run had in flight (and trained in its step 3, never checkpointed) are redone
     assert _trained_prompts(tmp_path / "run") == [list(range(s * P, (s + 1) * P)) for s in range(2, 5)]
+
+
+def test_megatron_trains_asynchronously_with_the_correction(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path, "engine.train=megatron", "max_steps=3", "algorithm.correction.kind=icepop")
+    try:
+        rows = trainer.fit()
+    finally:
+        trainer.close()
+    assert [r["step"] for r in rows] == [1, 2, 3] and _ages(rows) <= {0, 1}
+    assert all(0.0 <= r["offpolicy/masked_frac"] <= 1.0 and r["offpolicy/is_weight_max"] > 0 for r in rows)
+    assert sum(r["async/weight_loads"] for r in rows) >= 3  # megatron's weights reached the rollout
+
+
+def test_an_hf_model_rolls_out_asynchronously_through_hf_generate(tmp_path: Path) -> None:
+    from tests_support_models import tiny_model_dir
+
+    model = tiny_model_dir(tmp_path / "llama", architecture="llama")
+    data = tmp_path / "train.jsonl"
+    lines = [json.dumps({"prompt": f"what is {i % 3 + 1} ?", "answer": str(i % 3 + 1)}) for i in range(64)]
+    data.write_text("\n".join(lines))
+    trainer = _trainer(
+        tmp_path, f"model.path={model}", "data.task=jsonl", f"data.train_path={data}",
+        "rollout.prompts_per_step=2", "rollout.max_new_tokens=6", "max_steps=3",
+        "reward.verifiers={exact_match: 1.0, partial_credit: 0.5}",
+    )  # fmt: skip
+    try:
+        engine = trainer.grpo_step.sampling.rollouts.workers[0].engine  # type: ignore[attr-defined]
+        rows = trainer.fit()
+    finally:
+        trainer.close()
+    assert type(engine).__name__ == "HFRolloutEngine"
+    assert [r["step"] for r in rows] == [1, 2, 3] and _ages(rows) <= {0, 1}
+
+
+def test_on_ray_the_rollout_rank_gets_each_update_over_the_weight_channel(
+    ray_session: Any, tmp_path: Path
+) -> None:
+    trainer = _trainer(tmp_path, "resources.use_ray=true", "resources.num_actor_workers=2", "max_steps=3")
+    try:
+        rows = trainer.fit()
+    finally:
+        trainer.close()
+    assert [r["step"] for r in rows] == [1, 2, 3] and _ages(rows) <= {0, 1}
+    assert all(r["async/channel_gbps"] > 0 and r["async/publish_bytes"] > 0 for r in rows)  # gloo, not Ray
+    assert _trained_prompts(tmp_path / "run") == [list(range(s * P, (s + 1) * P)) for s in range(3)]
+
+
+def test_on_ray_a_rollout_rank_that_dies_mid_sync_fails_the_step_naming_it(
+    ray_session: Any, tmp_path: Path
+) -> None:
+    from entrepot.grpo.errors import StageError
+
+    trainer = _trainer(tmp_path, "resources.use_ray=true", "max_steps=5", "trainer.weight_sync_timeout_s=5")
+    try:
+        trainer.train_step()
+        sampling = trainer.grpo_step.sampling
+        updated = sampling.updated
+
+        def dies_first(version: int) -> dict[str, float]:  # the rollout process dies as the sync begins
+            ray_session.kill(sampling.rollouts.actors[0])  # type: ignore[attr-defined]
+            return updated(version)
+
+        sampling.updated = dies_first  # type: ignore[method-assign]
+        t0 = time.monotonic()
+        with pytest.raises((StageError, WeightSyncError), match=r"rollout rank 0"):
+            trainer.train_step()
+        assert time.monotonic() - t0 < 30
+    finally:
+        trainer.close()
+
+
+def test_on_ray_a_rollout_rank_killed_mid_generation_fails_the_next_step_naming_its_node(
+    ray_session: Any, tmp_path: Path
+) -> None:
+    from entrepot.grpo.errors import StageError
+
+    trainer = _trainer(tmp_path, "resources.use_ray=true", "max_steps=5")
+    try:
+        trainer.train_step()  # the rollout goes on decoding the next step's groups
+        ray_session.kill(trainer.grpo_step.sampling.rollouts.actors[0])  # type: ignore[attr-defined]
+        with pytest.raises(StageError, match=r"rollout rank 0 on node .*: the worker process died"):
+            trainer.train_step()
+    finally:
+        trainer.close()

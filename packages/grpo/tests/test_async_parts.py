@@ -127,9 +127,9 @@ def test_the_mailbox_waits_for_newer_weights_with_a_timeout() -> None:
 @pytest.mark.parametrize(
     ("override", "key"),
     [
-        ("resources.use_ray=true", "resources.use_ray"),
-        ("resources.num_actor_workers=2", "resources.num_actor_workers"),
-        ("engine.train=megatron", "engine.train"),
+        ("resources.colocate=false", "resources.colocate"),
+        ("trainer.rollout_resources={CPU: 1}", "trainer.rollout_resources.CPU"),
+        ("parallel.infer.tensor=2", "parallel.infer.tensor"),
         ("rollout.partial_max_tokens=4", "rollout.partial_max_tokens"),
         ("algorithm.dynamic_sampling=true", "algorithm.dynamic_sampling"),
         ("model.lora.rank=4", "model.lora.rank"),

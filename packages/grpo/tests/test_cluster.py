@@ -202,3 +202,28 @@ def test_a_dead_worker_and_a_lost_dock_shard_are_named_by_their_nodes_and_resume
     assert result.steps == 2 and [r["step"] for r in result.history] == [2]
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]  # step 2 trained once
     assert len({node for _, node in _replica_nodes(lines).values()}) == 2  # both nodes again
+
+
+def test_async_rollout_and_training_on_different_nodes(ray_cluster: Any, tmp_path: Path) -> None:
+    """`trainer.mode: async` on the cluster: the actor on one node, the rollout rank on the other,
+    each update's weights over the gloo weight channel between them."""
+    from entrepot.grpo.trainer import Trainer
+
+    config = load_config(None, [
+        *SMALL, "resources.ray_address=auto", "trainer.mode=async", "rollout.prompts_per_step=8",
+        "resources.custom_resources_per_worker={node_a: 1}", "trainer.rollout_resources={node_b: 1}",
+        "max_steps=3", "checkpoint.save_every=0",
+    ])  # fmt: skip
+    trainer = Trainer(config, tmp_path / "run")
+    try:
+        actor_node = trainer.actors.placement.nodes[0]  # type: ignore[attr-defined]
+        rollout_node = trainer.grpo_step.sampling.rollouts.placement.nodes[0]  # type: ignore[attr-defined]
+        rows = trainer.fit()
+    finally:
+        trainer.close()
+    print(f"actor on {actor_node}, rollout on {rollout_node}")
+    assert actor_node.node_id != rollout_node.node_id  # training and rollout on different nodes
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["async/channel_gbps"] > 0 for r in rows)  # the weights crossed between the nodes
+    ages = {k for r in rows for k, v in r.items() if k.startswith("async/tokens_age_") and v}
+    assert ages <= {"async/tokens_age_0", "async/tokens_age_1"}

@@ -190,6 +190,28 @@ def test_partial_rollout_with_vllm(tmp_path: Path) -> None:
 
 
 @needs_vllm
+def test_async_training_reloads_vllm_between_chunks(tmp_path: Path) -> None:
+    """trainer.mode async with vLLM as the rollout rank's engine: each update's weights are loaded
+    between two requests (chunks), responses in flight continue under them, and the loss weighs
+    vLLM's own log-probs against the trainer's."""
+    from entrepot.grpo.trainer import Trainer
+
+    config = load_config(None, [*LOCAL, "trainer.mode=async", "trainer.chunk_tokens=3", "max_steps=4"])
+    trainer = Trainer(config, tmp_path / "run")
+    try:
+        engine = trainer.grpo_step.sampling.rollouts.workers[0].engine  # type: ignore[attr-defined]
+        rows = trainer.fit()
+    finally:
+        trainer.close()
+    assert type(engine).__name__ == "VllmRolloutEngine"
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert sum(r["async/weight_loads"] for r in rows) >= 4  # every update reached vLLM
+    ages = {k for r in rows for k, v in r.items() if k.startswith("async/tokens_age_") and v}
+    assert ages <= {"async/tokens_age_0", "async/tokens_age_1"}
+    assert all(0.0 < r["offpolicy/is_weight_mean"] <= 2.0 for r in rows)  # tis over vLLM's log-probs
+
+
+@needs_vllm
 def test_train_with_vllm_rollouts_raises_the_reward(ray_session: Any, tmp_path: Path) -> None:
     config = load_config(
         None,

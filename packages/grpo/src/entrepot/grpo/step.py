@@ -2,6 +2,7 @@
 
     1-3. sample: put prompts (n samples each) -> rollout (actor in infer mode) -> [reward models]
          -> rule reward; the sampling mode (`sampling.py`) decides which rows the step trains
+         (asynchronous training: the next finished groups of the rollout running beside the step)
     4-5. reference log-probs -> old log-probs (skipped when provably equal to the current ones: one
          epoch, one mini-batch); in the rollout's phase, or after it when the rows change (dynamic
          sampling)
@@ -76,7 +77,7 @@ class GRPOStep:
         self.cluster, self.dock, self.setup = cluster, cluster.dock, setup
         self.actors, self.rewards = cluster.actors, cluster.rewards
         self.sampling: Sampling = (
-            AsyncSampling.build(config, cluster, setup) if config.trainer.asynchronous
+            AsyncSampling.build(config, cluster) if config.trainer.asynchronous
             else choose_sampling(config.rollout, config.algorithm)
         )  # fmt: skip
         self.correction = resolve_correction(config.algorithm.correction, config.trainer.asynchronous)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from entrepot.dock import DockStateError
+from entrepot.grpo.asynchronous import AsyncSampling
 from entrepot.grpo.config import GRPOConfig, config_to_dict
 from entrepot.grpo.data.sources import TaskSetup, build_task, encode_prompt
 from entrepot.grpo.embedded.threads import configure_threads
@@ -91,6 +92,8 @@ class Trainer:
         for line in _prompt_lines(config, self.setup):
             say(line)
         self.grpo_step = GRPOStep(config, self.cluster, self.setup)
+        if isinstance(self.grpo_step.sampling, AsyncSampling):
+            say(self.grpo_step.sampling.describe())
         self.step = 0
         self.history: list[dict[str, Any]] = []  # this session's steps (kept when interrupted)
         self.metrics = MetricsWriter(self.run_dir, config.logging)

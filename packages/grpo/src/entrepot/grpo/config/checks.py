@@ -230,30 +230,24 @@ def check_lora(model: ModelConfig, engine: EngineConfig) -> None:
 
 
 def check_async(
-    trainer: TrainerConfig, resources: ResourcesConfig, parallel: ParallelConfig, engine: EngineConfig,
-    rollout: RolloutConfig, algorithm: AlgorithmConfig, reward: RewardConfig, model: ModelConfig,
+    trainer: TrainerConfig, resources: ResourcesConfig, parallel: ParallelConfig, rollout: RolloutConfig,
+    algorithm: AlgorithmConfig, reward: RewardConfig, model: ModelConfig,
 ) -> None:  # fmt: skip
-    """Asynchronous training runs in one process for now, with the torch engines and plain sampling.
-
-    Each refusal names what does not run asynchronously yet, rather than accepting it and failing later.
-    """
+    """What asynchronous training does not run yet is refused, naming the key: a tensor-parallel
+    rollout, the other sampling modes, separate or overlapping workers, reward models, LoRA."""
     if not trainer.asynchronous:
         return
-    why = "with trainer.mode 'async' (it runs in one process for now)"
-    check(resources.use_ray is not True, "resources.use_ray", resources.use_ray, f"false or null {why}")
-    for key, value in (("num_actor_workers", resources.num_actor_workers),
-                       ("num_reward_workers", resources.num_reward_workers)):  # fmt: skip
-        check(value == 1, f"resources.{key}", value, f"1 {why}")
-    for key, value in (("tensor", parallel.train.tensor), ("pipeline", parallel.train.pipeline)):
-        check(value == 1, f"parallel.train.{key}", value, f"1 {why}")
-    for key, flag in (("colocate", resources.colocate), ("blocking", resources.blocking)):
-        check(flag, f"resources.{key}", flag, f"true {why}")
-    check(resources.ray_address is None, "resources.ray_address", resources.ray_address, f"null {why}")
-    check(engine.train == "torch", "engine.train", engine.train, f"'torch' {why}")
-    check(engine.rollout == "torch", "engine.rollout", engine.rollout, f"'torch' {why}")
+    why = "with trainer.mode 'async'"
+    check(parallel.infer.tensor == 1, "parallel.infer.tensor", parallel.infer.tensor,
+          f"1 {why} (the rollout rank is one process: a tensor-parallel vLLM is not run there)")  # fmt: skip
+    for key, flag, what in (
+        ("colocate", resources.colocate, "separate reference workers do not read a step's rows"),
+        ("blocking", resources.blocking, "the rollout already overlaps the update"),
+    ):  # fmt: skip
+        check(flag, f"resources.{key}", flag, f"true {why}: {what}")
     check(rollout.partial_max_tokens is None, "rollout.partial_max_tokens", rollout.partial_max_tokens,
-          "null with trainer.mode 'async' (its rollout continues unfinished responses by itself, "
-          "trainer.chunk_tokens at a time)")  # fmt: skip
+          f"null {why} (its rollout continues unfinished responses by itself, trainer.chunk_tokens at a "
+          "time)")  # fmt: skip
     check(not algorithm.dynamic_sampling, "algorithm.dynamic_sampling", True, f"false {why}")
-    check(not reward.models, "reward.models", reward.models, f"empty {why}")
+    check(not reward.models, "reward.models", reward.models, f"empty {why} (the rollout scores by rules)")
     check(not model.lora.enabled, "model.lora.rank", model.lora.rank, f"0 {why}")

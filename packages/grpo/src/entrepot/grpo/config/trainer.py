@@ -63,6 +63,14 @@ class TrainerConfig:
             "prompts' at the next chunk); null = rollout.prompts_per_step x n_samples_per_prompt."
         ),
     )
+    rollout_resources: dict[str, float] = field(
+        default_factory=dict,
+        metadata=doc(
+            "async on Ray: custom resources the rollout rank reserves, e.g. {rollout_node: 1} to put it "
+            "on the nodes started with --resources='{\"rollout_node\": 1}' (rollout and training on "
+            "different nodes). Empty: wherever Ray has room."
+        ),
+    )
     weight_sync_timeout_s: float = field(
         default=300.0,
         metadata=doc(
@@ -79,6 +87,10 @@ class TrainerConfig:
         check(self.chunk_tokens >= 1, "trainer.chunk_tokens", self.chunk_tokens, ">= 1")
         if self.rollout_slots is not None:
             check(self.rollout_slots >= 1, "trainer.rollout_slots", self.rollout_slots, ">= 1 or null")
+        for name, amount in self.rollout_resources.items():
+            check(bool(name.strip()) and name not in ("CPU", "GPU") and amount > 0,
+                  f"trainer.rollout_resources.{name}", amount,
+                  "a positive amount of a custom resource (CPUs, GPUs: resources, engine)")  # fmt: skip
         check(self.weight_sync_timeout_s > 0, "trainer.weight_sync_timeout_s", self.weight_sync_timeout_s,
               "> 0")  # fmt: skip
 

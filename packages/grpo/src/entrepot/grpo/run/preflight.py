@@ -31,11 +31,6 @@ def check_machine(config: GRPOConfig) -> None:
     """Raise `GRPOConfigError` (naming the key) if this machine cannot run `config`."""
     _check_device(config)
     _check_cpus(config)
-    if config.trainer.asynchronous and uses_ray(config.resources, config.parallel, config.dock):
-        raise GRPOConfigError(
-            "trainer.mode ('async') runs in one process for now, and this run would use Ray "
-            "(RAY_ADDRESS is set, or resources ask for it): unset RAY_ADDRESS, or trainer.mode=sync"
-        )
     if config.logging.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise GRPOConfigError(
             f"logging.tensorboard (true) needs tensorboard, which is not installed: {_install.TENSORBOARD} "

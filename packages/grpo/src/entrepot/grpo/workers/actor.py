@@ -43,7 +43,7 @@ from entrepot.grpo.workers._update_inputs import response_batch, update_columns,
 from entrepot.grpo.workers.ranks import RankInfo
 
 if TYPE_CHECKING:
-    from entrepot.grpo.engines.weight_sync import PublishedWeights
+    from entrepot.grpo.engines.weight_sync import PublishedWeights, WeightChannel
 
 __all__ = ["ActorWorker"]
 
@@ -92,6 +92,7 @@ class ActorWorker:
                 group_size=config.rollout.n_samples_per_prompt, offload=config.engine.reward_models_offloaded,
             )  # fmt: skip
         self._tracked_params: list[torch.Tensor] | None = None
+        self._channel: WeightChannel | None = None  # asynchronous training on Ray: to the rollout rank
         self.memory = PhaseMemory(config.engine.device, self._device_bytes)
 
     def _parameters(self) -> list[torch.Tensor]:
@@ -251,9 +252,10 @@ class ActorWorker:
         columns = [*SEQUENCE_COLUMNS, *(["rollout_log_prob"] if mismatch is not None else [])]
         if rows is None:
             batches: Iterable[Batch] = self.reader.batches(dock, consumer, columns, count, min_count=n)
-        else:
+        else:  # the step's rows, `count` a replica (the step sizes `count` so each gets one share)
             chunks = [rows[i : i + count] for i in range(0, len(rows), count)]
-            batches = (self.reader.take(dock, consumer, columns, chunk) for chunk in chunks)
+            mine = chunks[self.rank.dp_rank :: self.rank.dp_size]
+            batches = (self.reader.take(dock, consumer, columns, chunk) for chunk in mine)
         for batch in batches:
             sequences = response_batch(batch)
             logp = self.trainer.logprobs(sequences, column, reference=reference)
@@ -321,6 +323,22 @@ class ActorWorker:
         finally:
             del weights
             manager.resharder.destroy_buffers()
+
+    def send_weights(self, version: int, channel: str) -> int:
+        """Send this version's weights to the rollout rank over the weight channel at `channel`
+        (``host:port``; rank 0 sends, every rank joins the resharding); the bytes sent."""
+        weights = self.publish_weights(version)
+        if self.rank.rank != 0:
+            return 0
+        if self._channel is None:
+            from entrepot.grpo.engines.weight_sync import WeightChannel
+
+            self._channel = WeightChannel(
+                channel, sender=True, timeout=self.config.trainer.weight_sync_timeout_s,
+                source=f"actor {self.rank.name}", target="rollout rank 0",
+            )  # fmt: skip
+        self._channel.send(weights)
+        return weights.nbytes
 
     def export_hf(self, directory: str) -> None:
         """Rank 0 writes the policy as an HF model directory (every rank joins the resharding)."""

@@ -114,17 +114,23 @@ class Placement:
         127.0.0.1 when every rank is on one node, else rank 0's node address; a node other than
         the driver's picks the port itself (a zero-CPU task pinned there).
         """
+        first = self.nodes[0]
+        host = "127.0.0.1" if all(node == first for node in self.nodes) else first.ip
+        return f"tcp://{host}:{self.free_port(host)}"
+
+    def free_port(self, host: str) -> int:
+        """A free port on rank 0's node, listening address `host` (picked there by a zero-CPU task
+        when that node is not the driver's)."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         first = self.nodes[0]
-        host = "127.0.0.1" if all(node == first for node in self.nodes) else first.ip
         if first.node_id == ray.get_runtime_context().get_node_id():
-            return f"tcp://{host}:{free_local_port(host=host)}"
+            return free_local_port(host=host)
         pick = ray.remote(free_local_port).options(
             num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(first.node_id, soft=False)
         )
-        return f"tcp://{host}:{ray.get(pick.remote(host=host), timeout=_PORT_TIMEOUT_S)}"
+        return int(ray.get(pick.remote(host=host), timeout=_PORT_TIMEOUT_S))
 
     def describe(self) -> str:
         """Where the group runs, one entry per replica (actor) or rank: ``actor dp 0 on node ...``."""

@@ -33,19 +33,23 @@ class RayWorkerGroup(Generic[W]):
         placement: the role (its name, used in errors), the ranks, their resources (CPUs, GPUs,
             custom) and the reserved bundles; the group removes it on `close`.
         args: the constructor arguments of one rank's worker.
+        concurrency: calls a worker serves at once, on threads of its own (1: one after another).
     """
 
     def __init__(
-        self, cls: type[W], placement: Placement, args: Callable[[RankInfo], tuple[Any, ...]]
-    ) -> None:
+        self, cls: type[W], placement: Placement, args: Callable[[RankInfo], tuple[Any, ...]],
+        *, concurrency: int = 1,
+    ) -> None:  # fmt: skip
         import ray
 
         self.name = name = placement.name
         self.placement = placement
         self.ranks = list(placement.ranks)
         remote = ray.remote(_keep_start_error(cls))
+        threads = {"max_concurrency": concurrency} if concurrency > 1 else {}
         self.actors = [
-            remote.options(**placement.actor_options(rank)).remote(*args(rank)) for rank in self.ranks
+            remote.options(**placement.actor_options(rank), **threads).remote(*args(rank))
+            for rank in self.ranks
         ]
         # driver-side errors about a rank (it died, it timed out) name its node
         self._names = [
