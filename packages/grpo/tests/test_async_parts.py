@@ -146,3 +146,12 @@ def test_what_async_does_not_run_yet_is_refused_naming_the_key(override: str, ke
 def test_the_default_is_synchronous() -> None:
     config = load_config(None, [])
     assert config.trainer.mode == "sync" and not config.trainer.asynchronous
+
+
+def test_a_checkpoint_keeps_prompts_drawn_but_not_yet_admitted() -> None:
+    ledger = Ledger(prompts_per_step=2, max_staleness=1, policy="wait")
+    _admit(ledger, 0, 2)
+    drawn = ledger.positions(2)  # the rollout is putting these into the dock right now
+    assert ledger.snapshot() == ([0, 1, *drawn], 4)  # a save in between loses none of them
+    ledger.restore(trained_version=0, next_position=4, outstanding=[0, 1, 2, 3])
+    assert ledger.snapshot() == ([0, 1, 2, 3], 4)  # waiting to be admitted again still counts

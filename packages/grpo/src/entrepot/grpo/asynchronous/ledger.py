@@ -68,6 +68,7 @@ class Ledger:
         self.trained_version = 0  # updates done: the version the next step trains
         self.next_position = 0  # the data stream's next new prompt
         self._again: list[int] = []  # positions to admit before new ones (a resumed run's outstanding)
+        self._reserved: set[int] = set()  # positions handed to the rollout, not admitted yet
         self._groups: dict[int, Group] = {}  # first_row -> group, in admission order
         self._held = 0  # groups taken (or dropped) whose dock rows are not cleared yet
         self._cond = threading.Condition()
@@ -95,12 +96,14 @@ class Ledger:
             again, self._again = self._again[:count], self._again[count:]
             new = list(range(self.next_position, self.next_position + count - len(again)))
             self.next_position += len(new)
+            self._reserved.update(again + new)
             return again + new
 
     def admit(self, first_rows: list[int], positions: list[int], version: int) -> None:
         with self._cond:
             for row, position in zip(first_rows, positions, strict=True):
                 self._groups[row] = Group(row, position, version)
+                self._reserved.discard(position)
 
     def finish(self, first_rows: list[int]) -> None:
         """The groups at `first_rows` are generated and scored."""
@@ -179,12 +182,20 @@ class Ledger:
     # -- checkpoints ----------------------------------------------------------------------------
 
     def outstanding(self) -> list[int]:
-        """Positions admitted but not trained (nor dropped), ascending: a checkpoint keeps them."""
+        """Positions drawn but not trained (nor dropped), ascending: admitted, being admitted, or
+        waiting to be admitted again."""
         with self._cond:
-            return sorted(g.position for g in self._groups.values())
+            return sorted([g.position for g in self._groups.values()] + [*self._reserved, *self._again])
+
+    def snapshot(self) -> tuple[list[int], int]:
+        """(`outstanding`, `next_position`) read together: what a checkpoint keeps."""
+        with self._cond:
+            return self.outstanding(), self.next_position
 
     def restore(self, trained_version: int, next_position: int, outstanding: list[int]) -> None:
-        """Continue a checkpointed run: its version, its next new prompt, and the prompts to redo."""
+        """Continue a checkpointed run: its version, its next new prompt, and the prompts to redo
+        (nothing else is outstanding: the dock of a resumed run starts empty)."""
         with self._cond:
             self.trained_version, self.next_position = trained_version, next_position
             self._again = sorted(outstanding)
+            self._groups, self._reserved, self._held = {}, set(), 0

@@ -133,8 +133,8 @@ class RolloutWorker:
         """What a checkpoint keeps: the prompts admitted but not trained (their responses are generated
         again after a resume), the next new prompt, and the rollout's policy version."""
         version = self.loop.version if self.loop is not None else -1
-        return {"outstanding": self.ledger.outstanding(), "next_position": self.ledger.next_position,
-                "rollout_version": version}  # fmt: skip
+        outstanding, next_position = self.ledger.snapshot()
+        return {"outstanding": outstanding, "next_position": next_position, "rollout_version": version}
 
     def restore(self, state: dict[str, Any], step: int) -> None:
         self.ledger.restore(step, int(state["next_position"]), [int(p) for p in state["outstanding"]])
