@@ -24,7 +24,7 @@ ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.integration  # a Ray cluster of two nodes, training runs
 
 SMALL = ["eval.num_prompts=64", "logging.tensorboard=false", "checkpoint.keep_last=0", "eval.every=0"]
-STEPS = 50  # enough for the reward to rise on 4 digits
+STEPS = 15  # enough for the reward to rise on 4 digits, at 64 prompts a step and lr 5e-3
 ACCEL_PER_NODE = 2  # a custom resource on both nodes: room for both replicas on either one
 
 
@@ -109,46 +109,17 @@ def _dock_shard_nodes(lines: list[str]) -> dict[int, str]:
     return {int(shard): node_id for shard, node_id in found}
 
 
-def test_each_replica_runs_on_its_own_node(ray_cluster: Any, tmp_path: Path) -> None:
-    config = load_config(None, _overrides(
-        f"max_steps={STEPS}", "checkpoint.save_every=0", "data.num_digits=4", "algorithm.lr=3e-3",
-        "rollout.prompts_per_step=16",
-    ))  # fmt: skip
-    lines: list[str] = []
-    held: list[float] = []
-
-    def free_accel(metrics: dict[str, Any]) -> None:  # mid-run: what the workers' bundles hold
-        held.append(ray.cluster_resources()["accel"] - ray.available_resources().get("accel", 0.0))
-
-    result = train(config, tmp_path / "run", on_startup=lines.append, on_step=free_accel)
-    replicas = _replica_nodes(lines)
-    nodes = {node["NodeID"][:12] for node in ray.nodes() if node["Alive"]}
-    assert sorted(replicas) == [0, 1]
-    assert replicas[0][1] != replicas[1][1] and {r[1] for r in replicas.values()} == nodes  # one per node
-    assert {r[0] for r in replicas.values()} == {"127.0.0.1"}
-    assert held == [2.0] * STEPS  # {accel: 1} reserved for each of the two actor ranks, the whole run
-    shards = _dock_shard_nodes(lines)
-    assert sorted(shards) == [0, 1] and set(shards.values()) == nodes  # a dock shard per node
-    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
-    assert [r["step"] for r in rows] == list(range(1, STEPS + 1)) and result.steps == STEPS
-    first = sum(r["reward_mean"] for r in rows[:5]) / 5
-    last = sum(r["reward_mean"] for r in rows[-5:]) / 5
-    print(f"reward_mean: first 5 steps {first:.3f}, last 5 steps {last:.3f}")
-    assert last > first + 0.05, (first, last)  # it learns across two nodes (0.078 -> 0.188 when written)
-    for row in rows:
-        assert 0.0 <= row["reward_mean"] <= 1.0 and row["grad_norm"] > 0  # each step trained
-        assert row["dock/actor_train/rows"] == 16 * 8  # both replicas read their planned rows
-
-
-def test_a_dead_worker_and_a_lost_dock_shard_are_named_by_their_nodes_and_resume_finishes(
+def test_each_replica_runs_on_its_own_node_and_a_dead_worker_and_a_lost_dock_shard_are_named_by_their_nodes(
     ray_cluster: Any, tmp_path: Path
 ) -> None:
-    """One run, two failures at its last step, each before that step's checkpoint: a fresh run loses
-    actor rank 1, then its resume (from step 1) loses dock shard 1; each error names the node, each
-    leaves the step-1 checkpoint alone, and a last resume trains step 2 once (on both nodes again).
+    """One run, two failures at its last step, each before that step's checkpoint: a fresh run, one
+    replica per node, learns for STEPS steps and loses actor rank 1 at the last; its resume (from the
+    step before) loses dock shard 1; each error names the node, each leaves the earlier checkpoint
+    alone, and a last resume trains the last step once (on both nodes again).
 
-    (Two tests once, with a fresh run each: the second failure now comes in a resumed run, which
-    saves one start-up of the workers, the most of either test's time.)
+    (Three tests once, each with a fresh run: the failures now come at the end of the run that checks
+    the placement and the learning, and in its resume, which saves two start-ups of the workers, the
+    most of each test's time.)
     """
     from entrepot.dock.sharded import ShardedDockClient
     from entrepot.grpo.errors import StageError
@@ -156,9 +127,15 @@ def test_a_dead_worker_and_a_lost_dock_shard_are_named_by_their_nodes_and_resume
     from entrepot.grpo.trainer import Trainer
     from entrepot.grpo.workers import ActorWorker, wait_all
 
-    config = load_config(None, _overrides("max_steps=2", "checkpoint.save_every=1"))
+    config = load_config(None, _overrides(
+        f"max_steps={STEPS}", f"checkpoint.save_every={STEPS - 1}", "data.num_digits=4", "algorithm.lr=5e-3",
+        "rollout.prompts_per_step=64", "eval.num_prompts=8",
+    ))  # fmt: skip
     run = tmp_path / "run"
-    trainer = Trainer(config, run)
+    before_last = f"step_{STEPS - 1:06d}"
+    lines: list[str] = []
+    held: list[float] = []
+    trainer = Trainer(config, run, on_startup=lines.append)
     try:
         infos = wait_all([trainer.actors.call(ActorWorker.runtime_info)], 60)[0]
         nodes = trainer.actors.placement.nodes  # type: ignore[attr-defined]
@@ -166,7 +143,9 @@ def test_a_dead_worker_and_a_lost_dock_shard_are_named_by_their_nodes_and_resume
         assert nodes[0].node_id != nodes[1].node_id
 
         def kill_rank_1(metrics: dict[str, Any]) -> None:  # after the last step, before its checkpoint
-            if metrics["step"] == 2:
+            # mid-run: what the workers' bundles hold
+            held.append(ray.cluster_resources()["accel"] - ray.available_resources().get("accel", 0.0))
+            if metrics["step"] == STEPS:
                 kill_and_wait(trainer.actors.actors[1])  # type: ignore[attr-defined]
 
         died = (
@@ -177,16 +156,33 @@ def test_a_dead_worker_and_a_lost_dock_shard_are_named_by_their_nodes_and_resume
             trainer.fit(on_step=kill_rank_1)
     finally:
         trainer.close()
-    assert [p.name for p in sorted((run / "checkpoints").iterdir())] == ["step_000001"]
+    assert [p.name for p in sorted((run / "checkpoints").iterdir())] == [before_last]
+    replicas = _replica_nodes(lines)
+    alive = {node["NodeID"][:12] for node in ray.nodes() if node["Alive"]}
+    assert sorted(replicas) == [0, 1]
+    assert replicas[0][1] != replicas[1][1] and {r[1] for r in replicas.values()} == alive  # one per node
+    assert {r[0] for r in replicas.values()} == {"127.0.0.1"}
+    assert held == [2.0] * STEPS  # {accel: 1} reserved for each of the two actor ranks, the whole run
+    shards = _dock_shard_nodes(lines)
+    assert sorted(shards) == [0, 1] and set(shards.values()) == alive  # a dock shard per node
+    rows = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    first = sum(r["reward_mean"] for r in rows[:5]) / 5
+    last = sum(r["reward_mean"] for r in rows[-5:]) / 5
+    print(f"reward_mean: first 5 steps {first:.3f}, last 5 steps {last:.3f}")
+    assert last > first + 0.05, (first, last)  # it learns across two nodes (0.081 -> 0.236 when written)
+    for row in rows:
+        assert 0.0 <= row["reward_mean"] <= 1.0 and row["grad_norm"] > 0  # each step trained
+        assert row["dock/actor_train/rows"] == 64 * 8  # both replicas read their planned rows
 
     trainer = Trainer(config, run, resume=resume_point(run, config))  # as `train(resume=True)` builds it
     try:
-        assert trainer.step == 1
+        assert trainer.step == STEPS - 1
         dock = trainer.dock
         assert isinstance(dock, ShardedDockClient) and len(set(dock.shard_nodes)) == 2  # a shard per node
 
         def kill_shard_1(metrics: dict[str, Any]) -> None:  # after the last step, before its checkpoint
-            if metrics["step"] == 2:
+            if metrics["step"] == STEPS:
                 kill_and_wait(dock.shards[1])
 
         lost = rf"dock's shard 1 on node 127\.0\.0\.1 \(id {dock.shard_nodes[1][:12]}\) is lost"
@@ -194,13 +190,13 @@ def test_a_dead_worker_and_a_lost_dock_shard_are_named_by_their_nodes_and_resume
             trainer.fit(on_step=kill_shard_1)
     finally:
         trainer.close()
-    assert [p.name for p in sorted((run / "checkpoints").iterdir())] == ["step_000001"]
+    assert [p.name for p in sorted((run / "checkpoints").iterdir())] == [before_last]
 
-    lines: list[str] = []
+    lines.clear()
     result = train(config, run, resume=True, on_startup=lines.append)
-    assert json.loads((run / "resumed_from.json").read_text())["step"] == 1
-    assert result.steps == 2 and [r["step"] for r in result.history] == [2]
-    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]  # step 2 trained once
+    assert json.loads((run / "resumed_from.json").read_text())["step"] == STEPS - 1
+    assert result.steps == STEPS and [r["step"] for r in result.history] == [STEPS]
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == list(range(1, STEPS + 1))  # once
     assert len({node for _, node in _replica_nodes(lines).values()}) == 2  # both nodes again
 
 

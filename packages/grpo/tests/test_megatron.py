@@ -100,8 +100,8 @@ def test_megatron_matches_the_hf_module(
 
 
 TP2 = ["engine.train=megatron", "parallel.train.tensor=2", "logging.tensorboard=false", "eval.every=0",
-       "eval.num_prompts=16", "rollout.prompts_per_step=8", "checkpoint.keep_last=0"]  # fmt: skip
-"""Small steps (8 prompts x 8 samples): what the test checks is the sharded state, not how much it learns."""
+       "eval.num_prompts=8", "rollout.prompts_per_step=4", "checkpoint.keep_last=0"]  # fmt: skip
+"""Small steps (4 prompts x 8 samples): what the test checks is the sharded state, not how much it learns."""
 
 
 OFFLOAD_ALL = ["engine.offload_params=true", "engine.offload_grads=true", "engine.offload_optimizer=true",
