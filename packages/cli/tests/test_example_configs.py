@@ -42,6 +42,11 @@ RUN_BY = {
         "120 steps on 4 digits, one process; reward rises",
     ),
     "dr-grpo.yaml": ("test_example_configs.py", "test_dr_grpo_config_trains", "2 steps, one process"),
+    "async-ray-cluster.yaml": (
+        "../../grpo/tests/test_cluster.py",
+        "test_async_rollout_and_training_on_different_nodes",
+        "3 small steps on entrepot-grpo's two-node test cluster (train_node, rollout_node)",
+    ),
     "async.yaml": (
         "test_example_configs.py",
         "test_async_config_trains_with_the_rollout_beside_it",

@@ -1,5 +1,6 @@
 """A run on a Ray cluster of two nodes (both on this machine, loopback only): one DP replica per node,
-custom resources reserved per worker, and a lost worker named by its node, then `resume` finishing.
+custom resources reserved per worker, and a lost worker named by its node, then `resume` finishing;
+asynchronous training with the rollout on the other node than training.
 """
 
 from __future__ import annotations
@@ -57,11 +58,14 @@ def ray_cluster() -> Iterator[Any]:
         patch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)  # this process (the driver)
         cluster = Cluster(
             initialize_head=True,
-            head_node_args={"num_cpus": 1, "resources": {"node_a": 1, "accel": ACCEL_PER_NODE},
-                            "include_dashboard": False},
+            head_node_args={
+                "num_cpus": 1, "include_dashboard": False,
+                # train_node, rollout_node (the other node): entrepot-cli's configs/async-ray-cluster.yaml
+                "resources": {"node_a": 1, "accel": ACCEL_PER_NODE, "train_node": 1},
+            },
         )  # fmt: skip
         try:
-            cluster.add_node(num_cpus=1, resources={"node_b": 1, "accel": ACCEL_PER_NODE})
+            cluster.add_node(num_cpus=1, resources={"node_b": 1, "accel": ACCEL_PER_NODE, "rollout_node": 1})
             cluster.wait_for_nodes()
             yield cluster
         finally:
@@ -201,15 +205,15 @@ def test_each_replica_runs_on_its_own_node_and_a_dead_worker_and_a_lost_dock_sha
 
 
 def test_async_rollout_and_training_on_different_nodes(ray_cluster: Any, tmp_path: Path) -> None:
-    """`trainer.mode: async` on the cluster: the actor on one node, the rollout rank on the other,
-    each update's weights over the gloo weight channel between them."""
+    """entrepot-cli's configs/async-ray-cluster.yaml on the cluster (nodes started with train_node and
+    rollout_node, as its header says), 3 small steps: the actor on one node, the rollout rank on the
+    other, each update's weights over the gloo weight channel between them."""
     from entrepot.grpo.trainer import Trainer
 
-    config = load_config(None, [
-        *SMALL, "resources.ray_address=auto", "trainer.mode=async", "rollout.prompts_per_step=8",
-        "resources.custom_resources_per_worker={node_a: 1}", "trainer.rollout_resources={node_b: 1}",
-        "max_steps=3", "checkpoint.save_every=0",
-    ])  # fmt: skip
+    example = Path(__file__).resolve().parents[3] / "packages" / "cli" / "configs" / "async-ray-cluster.yaml"
+    config = load_config(
+        example, [*SMALL, "rollout.prompts_per_step=8", "max_steps=3", "checkpoint.save_every=0"]
+    )
     trainer = Trainer(config, tmp_path / "run")
     try:
         actor_node = trainer.actors.placement.nodes[0]  # type: ignore[attr-defined]
