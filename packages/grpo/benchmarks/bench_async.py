@@ -9,13 +9,15 @@ Two workloads, each run both ways in this process (the embedded policy, reverse 
 |           | rate 1e-6 so they stay so (as `bench_partial_rollout.py`), `--steps` steps            |
 
 A synchronous step waits for its longest response, then trains; asynchronous training decodes beside
-the update with `trainer.rollout_slots` responses in flight, refilled every `trainer.chunk_tokens`
-tokens, and trains the oldest finished groups. Printed per run: trained tokens per second, reward per
+the update with `trainer.rollout_slots` responses in flight (by default every response the staleness
+bound allows: two steps' worth), refilled every `trainer.chunk_tokens` tokens, and trains the oldest
+finished groups. Printed per run: trained tokens per second, reward per
 trained response, the process's core utilisation (CPU seconds / wall seconds / cores), the staleness
 histogram (trained tokens by policy-version age) and the rollout's and trainer's idle fractions;
 then async / sync ratios. On the default workload also steps and seconds to accuracy 0.9.
 
-    python packages/grpo/benchmarks/bench_async.py [--steps 16] [--warmup 4] [--workload both]
+    python packages/grpo/benchmarks/bench_async.py [--steps 24] [--warmup 6] [--workload both]
+        [--chunk-tokens 16,64,128] [--rollout-slots 128]
 """
 
 from __future__ import annotations
@@ -102,26 +104,30 @@ def summary(rows: list[dict[str, Any]], walls: list[float], cpus: list[float], w
 
 def _table(title: str, results: dict[str, dict[str, Any]]) -> None:
     print(title)
-    print(f"{'mode':6} {'trained tok/s':>14} {'reward/resp':>12} {'core util':>10} {'rollout idle':>13} "
+    print(f"{'mode':18} {'trained tok/s':>14} {'reward/resp':>12} {'core util':>10} {'rollout idle':>13} "
           f"{'trainer idle':>13}  staleness (trained tokens by version age)")  # fmt: skip
     for mode, s in results.items():
         total = sum(s["ages"].values()) or 1.0
         ages = ", ".join(f"{a}: {100 * v / total:.0f}%" for a, v in sorted(s["ages"].items())) or "-"
-        print(f"{mode:6} {s['tokens_per_s']:14.0f} {s['reward']:12.3f} {100 * s['cores']:9.0f}% "
+        print(f"{mode:18} {s['tokens_per_s']:14.0f} {s['reward']:12.3f} {100 * s['cores']:9.0f}% "
               f"{100 * s['rollout_idle']:12.0f}% {100 * s['trainer_idle']:12.0f}%  {ages}")  # fmt: skip
-    ratio = results["async"]["tokens_per_s"] / results["sync"]["tokens_per_s"]
-    print(f"async / sync trained tokens per second: {ratio:.2f}x")
+    base = results["sync"]["tokens_per_s"]
+    for mode, s in results.items():
+        if mode != "sync":
+            print(f"{mode} / sync trained tokens per second: {s['tokens_per_s'] / base:.2f}x")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workload", choices=["default", "long-tail", "both"], default="both")
-    parser.add_argument("--steps", type=int, default=16, help="long tail: steps per run")
-    parser.add_argument("--warmup", type=int, default=4, help="long tail: steps left out of the figures")
+    parser.add_argument("--steps", type=int, default=24, help="long tail: steps per run")
+    parser.add_argument("--warmup", type=int, default=6, help="long tail: steps left out of the figures")
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--mean-length", type=float, default=48.0)
     parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--chunk-tokens", type=int, default=32, help="long tail: trainer.chunk_tokens")
+    parser.add_argument("--chunk-tokens", default="64",
+                        help="long tail: trainer.chunk_tokens per async run, comma-separated")  # fmt: skip
+    parser.add_argument("--rollout-slots", type=int, default=None, help="trainer.rollout_slots")
     parser.add_argument("--max-steps", type=int, default=300, help="default: give up after this many")
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--max-staleness", type=int, default=1)
@@ -134,10 +140,13 @@ def main() -> None:
         long_tail = [
             "eval.every=0", "algorithm.lr=1e-6", f"rollout.max_new_tokens={args.max_new_tokens}",
             f"model.max_positions={args.max_new_tokens + 16}", f"rollout.prompts_per_step={args.prompts}",
-            f"trainer.chunk_tokens={args.chunk_tokens}",
+            *([f"trainer.rollout_slots={args.rollout_slots}"] if args.rollout_slots else []),
         ]  # fmt: skip
+        runs = {"sync": modes["sync"]}
+        for chunk in args.chunk_tokens.split(","):
+            runs[f"async (chunk {chunk})"] = [*modes["async"], f"trainer.chunk_tokens={chunk}"]
         results = {}
-        for mode, overrides in modes.items():
+        for mode, overrides in runs.items():
             rows, walls, cpus = run([*long_tail, *overrides], args.steps, long_tail=args.mean_length)
             results[mode] = summary(rows, walls, cpus, args.warmup)
         _table(f"long tail: geometric lengths, mean {args.mean_length:g}, cap {args.max_new_tokens}; "

@@ -81,7 +81,8 @@ class RolloutWorker:
         )  # fmt: skip
         self.loop = RolloutLoop(
             self.engine, sampling, dock, self.ledger, self.mailbox, self._admit, self._score,
-            group_size=rollout.n_samples_per_prompt, slots=config.trainer.rollout_slots or rollout.batch_size,
+            group_size=rollout.n_samples_per_prompt,
+            slots=config.trainer.rollout_slots or (config.trainer.max_staleness + 1) * rollout.batch_size,
             chunk_tokens=config.trainer.chunk_tokens, pad_token_id=int(tok.pad_token_id),
             generator=sampling_generator(config.seed + step), name=self.name,
         )  # fmt: skip

@@ -49,18 +49,20 @@ class TrainerConfig:
         ),
     )
     chunk_tokens: int = field(
-        default=8,
+        default=64,
         metadata=doc(
             "async: tokens the rollout decodes per response between two looks at new weights and "
             "free slots; an unfinished response continues under the newest weights, each token "
-            "tagged with the version that sampled it."
+            "tagged with the version that sampled it. Smaller: fresher tokens, more re-encoding of "
+            "what a response has (no KV cache is kept between chunks; bench_async.py's sweep)."
         ),
     )
     rollout_slots: int | None = field(
         default=None,
         metadata=doc(
             "async: responses the rollout decodes at once (finished ones are replaced by new "
-            "prompts' at the next chunk); null = rollout.prompts_per_step x n_samples_per_prompt."
+            "prompts' at the next chunk); null = every response the staleness bound lets it have "
+            "going: (max_staleness + 1) x prompts_per_step x n_samples_per_prompt."
         ),
     )
     rollout_resources: dict[str, float] = field(
