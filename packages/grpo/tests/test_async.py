@@ -63,6 +63,8 @@ def test_async_trains_in_prompt_order_within_the_bound_and_updates_in_flight(tmp
     assert sum(r["async/in_flight_updates"] for r in rows) >= 1  # responses continued under new weights
     assert all(0.0 < r["offpolicy/is_weight_mean"] <= 2.0 for r in rows)  # tis, cap 2: on by default
     assert all(r["async/weight_sync_gbps"] > 0 for r in rows if r["async/weight_loads"])
+    assert all(0.0 <= r["async/trainer_idle_frac"] <= 1.0 and 0.0 <= r["async/rollout_idle_frac"] <= 1.0
+               for r in rows)  # fmt: skip
 
 
 def test_lockstep_bound_trains_only_fresh_tokens(tmp_path: Path) -> None:

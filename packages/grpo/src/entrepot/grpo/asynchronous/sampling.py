@@ -55,6 +55,7 @@ class AsyncSampling:
     columns: tuple[str, ...] = ("policy_version",)
     _wall: float = field(default_factory=time.perf_counter)
     _taken: list[Group] = field(default_factory=list)
+    _waited: float = 0.0
 
     @staticmethod
     def build(config: GRPOConfig, cluster: Any) -> AsyncSampling:
@@ -104,7 +105,7 @@ class AsyncSampling:
         if taken.dropped:
             self.cluster.dock.clear(_rows(taken.dropped, n))
             self._wait([self.rollouts.call(RolloutWorker.release, len(taken.dropped))])
-        self._taken = taken.groups
+        self._taken, self._waited = taken.groups, taken.waited_s
         outstanding = self._wait([self.rollouts.call(RolloutWorker.outstanding)])[0][0]
         metrics = {
             "async/groups_dropped": float(len(taken.dropped)),
@@ -129,7 +130,8 @@ class AsyncSampling:
             self._wait([self.rollouts.call(RolloutWorker.release, groups)])
 
     def after_clear(self, dock: Any, step: int, stats: Any) -> dict[str, float]:
-        """Tokens trained per policy-version age, the rollout's figures since the last step."""
+        """Tokens trained per policy-version age, the rollout's figures since the last step, and the
+        share of the step the trainer waited for groups."""
         out: dict[str, float] = {}
         if stats is not None:
             ages = step - stats.columns["policy_version"].long()  # [T] every trained token
@@ -138,6 +140,7 @@ class AsyncSampling:
         now = time.perf_counter()
         rollout: RolloutStats = self._wait([self.rollouts.call(RolloutWorker.stats)])[0][0]
         out.update(rollout.metrics(now - self._wall))
+        out["async/trainer_idle_frac"] = self._waited / max(now - self._wall, 1e-9)  # waiting for groups
         self._wall = now
         return out
 
