@@ -25,6 +25,7 @@ import functools
 import os
 import secrets
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ import torch
 from entrepot.grpo.data.lengths import longest_sequence
 from entrepot.grpo.embedded.gpt2_model import hf_architecture
 from entrepot.grpo.engines.base import Rollout, SamplingParams
-from entrepot.resharding import ChecksumMismatchError
+from entrepot.resharding import INFERENCE_TAGS, ChecksumMismatchError
 from entrepot.resharding.engines.vllm import VllmInferenceEngine
 
 if TYPE_CHECKING:
@@ -145,6 +146,10 @@ def _own_cpu_shm_names() -> None:
 
 
 _SHM = Path("/dev/shm")
+
+_VLLM_CALLS = threading.RLock()
+"""vLLM keeps its forward context in module state: two engines of one process must not run at once
+(asynchronous training in one process: the rollout thread's engine and the actor's, which evaluates)."""
 
 
 def _shm_names() -> set[str]:
@@ -272,9 +277,21 @@ class VllmRolloutEngine(VllmInferenceEngine):
 
     # -- weights --------------------------------------------------------------------------------
 
+    def onload(self, tags: Sequence[str] = INFERENCE_TAGS) -> None:
+        with _VLLM_CALLS:
+            super().onload(tags)
+
+    def offload(self) -> None:
+        with _VLLM_CALLS:
+            super().offload()
+
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Load inference-layout `weights` into vLLM in place (renamed, transposed views where vLLM's
         loader transposes), then verify them (see the class)."""
+        with _VLLM_CALLS:
+            self._load_weights(weights)
+
+    def _load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         fmt = self.format
         named: dict[str, torch.Tensor] = {}  # vLLM parameter name -> weight in the parameter's layout
         for name, tensor in weights.items():
@@ -348,7 +365,8 @@ class VllmRolloutEngine(VllmInferenceEngine):
             for seed in seeds
         ]
         inputs = [{"prompt_token_ids": [int(t) for t in prompt]} for prompt in prompts]
-        outputs = self.llm.generate(inputs, requests, use_tqdm=False)
+        with _VLLM_CALLS:
+            outputs = self.llm.generate(inputs, requests, use_tqdm=False)
         responses: list[list[int]] = []
         logprobs: list[torch.Tensor] = []
         for output in outputs:
