@@ -179,17 +179,6 @@ def test_resume_redoes_the_prompts_in_flight_and_skips_none(tmp_path: Path) -> N
     assert _trained_prompts(tmp_path / "run") == [list(range(s * P, (s + 1) * P)) for s in range(2, 5)]
 
 
-def test_megatron_trains_asynchronously_with_the_correction(tmp_path: Path) -> None:
-    trainer = _trainer(tmp_path, "engine.train=megatron", "max_steps=3", "algorithm.correction.kind=icepop")
-    try:
-        rows = trainer.fit()
-    finally:
-        trainer.close()
-    assert [r["step"] for r in rows] == [1, 2, 3] and _ages(rows) <= {0, 1}
-    assert all(0.0 <= r["offpolicy/masked_frac"] <= 1.0 and r["offpolicy/is_weight_max"] > 0 for r in rows)
-    assert sum(r["async/weight_loads"] for r in rows) >= 3  # megatron's weights reached the rollout
-
-
 def test_an_hf_model_rolls_out_asynchronously_through_hf_generate(tmp_path: Path) -> None:
     from tests_support_models import tiny_model_dir
 

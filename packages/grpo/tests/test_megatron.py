@@ -183,3 +183,26 @@ def test_megatron_computes_each_loss_as_the_torch_engine(two_rank_world: Path) -
             assert diffs["param_diff"] <= 1e-4, (case, diffs)  # Adam's first step: see above
             assert diffs["grad_norm_diff"] <= 1e-5, (case, diffs)
             assert diffs["pg_loss_diff"] <= 1e-5, (case, diffs)
+
+
+def test_megatron_trains_asynchronously_with_the_correction(tmp_path: Path) -> None:
+    """trainer.mode async with the megatron engine in one process (here rather than in test_async.py:
+    an in-process megatron run leaves process state behind that later in-process tests of other
+    modules are not written for), IcePop correcting the loss."""
+    from entrepot.grpo.trainer import Trainer
+
+    config = load_config(None, [
+        "trainer.mode=async", "trainer.chunk_tokens=2", "rollout.prompts_per_step=8",
+        "rollout.n_samples_per_prompt=4", "eval.every=0", "eval.num_prompts=8", "checkpoint.save_every=0",
+        "logging.tensorboard=false", "logging.samples_every=0", "engine.train=megatron", "max_steps=3",
+        "algorithm.correction.kind=icepop",
+    ])  # fmt: skip
+    trainer = Trainer(config, tmp_path / "run")
+    try:
+        rows = trainer.fit()
+    finally:
+        trainer.close()
+    ages = {k for r in rows for k, v in r.items() if k.startswith("async/tokens_age_") and v}
+    assert [r["step"] for r in rows] == [1, 2, 3] and ages <= {"async/tokens_age_0", "async/tokens_age_1"}
+    assert all(0.0 <= r["offpolicy/masked_frac"] <= 1.0 and r["offpolicy/is_weight_max"] > 0 for r in rows)
+    assert sum(r["async/weight_loads"] for r in rows) >= 3  # megatron's weights reached the rollout

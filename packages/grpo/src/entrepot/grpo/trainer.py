@@ -98,9 +98,8 @@ class Trainer:
         self.history: list[dict[str, Any]] = []  # this session's steps (kept when interrupted)
         self.metrics = MetricsWriter(self.run_dir, config.logging)
         self.samples = SamplesWriter(self.run_dir)
-        self.prompts = SamplesWriter(
-            self.run_dir, PROMPTS_FILE
-        )  # asynchronous: which prompts each step trained
+        # asynchronous training: which prompts each step trained
+        self.prompts = SamplesWriter(self.run_dir, PROMPTS_FILE)
         self.wandb: WandbWriter | None = None
         try:
             if config.logging.wandb:
@@ -210,9 +209,8 @@ class Trainer:
                 "sampling": sampling.state()}  # fmt: skip
         writers: list[Callable[[Path], Any]] = []
         if sampling.dock_in_checkpoint:  # asynchronous: the outstanding prompts are redone instead
-            writers.append(
-                lambda tmp: self.dock.save(str((tmp / "dock.pt").resolve()))
-            )  # a Ray dock: absolute
+            # a Ray dock saves to an absolute path
+            writers.append(lambda tmp: self.dock.save(str((tmp / "dock.pt").resolve())))
         if choose_engines(self.config.engine).train.shards_weights or self.config.model.lora.enabled:
             writers.append(lambda tmp: self._wait([self.actors.call(ActorWorker.export_hf, str(tmp / "hf"))]))
         shards = [_shard(rank) for rank in self.actors.ranks]

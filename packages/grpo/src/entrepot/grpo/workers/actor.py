@@ -311,15 +311,16 @@ class ActorWorker:
         finally:
             manager.exit_infer_mode()
 
-    def publish_weights(self, version: int) -> PublishedWeights:
+    def publish_weights(self, version: int) -> PublishedWeights | None:
         """This rank's weights in the rollout engine's layout, copied and checksummed as `version`
-        (asynchronous training: the rollout loads them between two chunks)."""
+        (asynchronous training: the rollout loads them between two chunks). Every rank joins the
+        resharding; rank 0 publishes (None on the others)."""
         from entrepot.grpo.engines.weight_sync import publish
 
         manager = self.policy.manager
         weights = manager.resharder.reshard(manager.train_engine.named_train_parameters())
         try:
-            return publish(version, weights)
+            return publish(version, weights) if self.rank.rank == 0 else None
         finally:
             del weights
             manager.resharder.destroy_buffers()
@@ -328,7 +329,7 @@ class ActorWorker:
         """Send this version's weights to the rollout rank over the weight channel at `channel`
         (``host:port``; rank 0 sends, every rank joins the resharding); the bytes sent."""
         weights = self.publish_weights(version)
-        if self.rank.rank != 0:
+        if weights is None:
             return 0
         if self._channel is None:
             from entrepot.grpo.engines.weight_sync import WeightChannel
