@@ -19,8 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_kill_resume import _kill_at, _start
-from tests_support_rl import rl
+from test_kill_resume import _start, kill_and_resume_until_done
 
 pytestmark = pytest.mark.integration  # `rl grpo train` processes, killed and resumed
 
@@ -42,14 +41,7 @@ def test_async_killed_anywhere_and_resumed_trains_every_prompt_once(tmp_path: Pa
     while not list(out.glob("*/checkpoints/step_000001/state.json")) and time.monotonic() < deadline:
         time.sleep(0.05)
     run_dir = next(out.iterdir())
-    rng = random.Random(1)
-    outcomes = [_kill_at(first, run_dir, mid_checkpoint=False, rng=rng)]
-    while len([o for o in outcomes if o != "finished"]) < KILLS and outcomes[-1] != "finished":
-        resumed = _start(["--resume", str(run_dir)])
-        outcomes.append(_kill_at(resumed, run_dir, mid_checkpoint=len(outcomes) % 2 == 1, rng=rng))
-    if outcomes[-1] != "finished":
-        done = rl("grpo", "train", "--resume", str(run_dir), "--quiet")
-        assert done.returncode == 0, done.stdout
+    outcomes = kill_and_resume_until_done(first, run_dir, KILLS, random.Random(1))
     kills = [o for o in outcomes if o != "finished"]
     print(f"async kills: {len(kills)} ({kills.count('mid-step')} mid-step, {kills.count('mid-checkpoint')} "
           f"mid-checkpoint); steps {MAX_STEPS}")  # fmt: skip

@@ -75,6 +75,21 @@ def _kill_at(process: subprocess.Popen[str], run_dir: Path, mid_checkpoint: bool
     return "mid-checkpoint" if any((run_dir / "checkpoints").glob("*.tmp")) else "mid-step"
 
 
+def kill_and_resume_until_done(
+    first: subprocess.Popen[str], run_dir: Path, kills: int, rng: random.Random
+) -> list[str]:
+    """Kill `first`, then resume and kill again (alternately mid-step and mid-checkpoint) until `kills`
+    kills landed, then resume to the end; each attempt's outcome (`_kill_at`)."""
+    outcomes = [_kill_at(first, run_dir, mid_checkpoint=False, rng=rng)]
+    while len([o for o in outcomes if o != "finished"]) < kills and outcomes[-1] != "finished":
+        resumed = _start(["--resume", str(run_dir)])
+        outcomes.append(_kill_at(resumed, run_dir, mid_checkpoint=len(outcomes) % 2 == 1, rng=rng))
+    if outcomes[-1] != "finished":
+        done = rl("grpo", "train", "--resume", str(run_dir), "--quiet")
+        assert done.returncode == 0, done.stdout
+    return outcomes
+
+
 def test_killed_anywhere_and_resumed_trains_every_prompt_once(tmp_path: Path) -> None:
     # the uninterrupted reference trains alongside the killed run (one thread each; resume is bit-exact)
     reference = _start(["-o", str(tmp_path / "ref"), "--name", "ref", "--max-steps", str(MAX_STEPS),
@@ -85,14 +100,7 @@ def test_killed_anywhere_and_resumed_trains_every_prompt_once(tmp_path: Path) ->
     while not list(out.glob("*/checkpoints/step_000001/state.json")) and time.monotonic() < deadline:
         time.sleep(0.05)  # the first kill comes after one checkpoint exists, so there is one to resume
     run_dir = next(out.iterdir())
-    rng = random.Random(0)
-    outcomes = [_kill_at(first, run_dir, mid_checkpoint=False, rng=rng)]
-    while len([o for o in outcomes if o != "finished"]) < KILLS and outcomes[-1] != "finished":
-        resumed = _start(["--resume", str(run_dir)])
-        outcomes.append(_kill_at(resumed, run_dir, mid_checkpoint=len(outcomes) % 2 == 1, rng=rng))
-    if outcomes[-1] != "finished":
-        done = rl("grpo", "train", "--resume", str(run_dir), "--quiet")
-        assert done.returncode == 0, done.stdout
+    outcomes = kill_and_resume_until_done(first, run_dir, KILLS, random.Random(0))
     reference_output, _ = reference.communicate(timeout=240)
     assert reference.returncode == 0, reference_output
     ref_dir = next((tmp_path / "ref").iterdir())

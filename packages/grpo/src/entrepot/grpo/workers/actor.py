@@ -40,10 +40,11 @@ from entrepot.grpo.workers._model_rewards import MODEL_STAGE, ModelRewards
 from entrepot.grpo.workers._rollout import LogpMismatch, full_rollout, partial_rollout, reshard_metrics
 from entrepot.grpo.workers._stage import SEQUENCE_COLUMNS, DockReader, stage
 from entrepot.grpo.workers._update_inputs import response_batch, update_columns, update_inputs
+from entrepot.grpo.workers._weight_out import WeightOut
 from entrepot.grpo.workers.ranks import RankInfo
 
 if TYPE_CHECKING:
-    from entrepot.grpo.engines.weight_sync import PublishedWeights, WeightChannel
+    from entrepot.grpo.engines.weight_sync import PublishedWeights
 
 __all__ = ["ActorWorker"]
 
@@ -92,7 +93,8 @@ class ActorWorker:
                 group_size=config.rollout.n_samples_per_prompt, offload=config.engine.reward_models_offloaded,
             )  # fmt: skip
         self._tracked_params: list[torch.Tensor] | None = None
-        self._channel: WeightChannel | None = None  # asynchronous training on Ray: to the rollout rank
+        self.weights_out = WeightOut(self.policy, self.rank.rank, f"actor {self.rank.name}",
+                                     config.trainer.weight_sync_timeout_s)  # fmt: skip
         self.memory = PhaseMemory(config.engine.device, self._device_bytes)
 
     def _parameters(self) -> list[torch.Tensor]:
@@ -312,34 +314,12 @@ class ActorWorker:
             manager.exit_infer_mode()
 
     def publish_weights(self, version: int) -> PublishedWeights | None:
-        """This rank's weights in the rollout engine's layout, copied and checksummed as `version`
-        (asynchronous training: the rollout loads them between two chunks). Every rank joins the
-        resharding; rank 0 publishes (None on the others)."""
-        from entrepot.grpo.engines.weight_sync import publish
-
-        manager = self.policy.manager
-        weights = manager.resharder.reshard(manager.train_engine.named_train_parameters())
-        try:
-            return publish(version, weights) if self.rank.rank == 0 else None
-        finally:
-            del weights
-            manager.resharder.destroy_buffers()
+        """This rank's weights as `version` for the asynchronous rollout (`_weight_out.WeightOut`)."""
+        return self.weights_out.publish(version)
 
     def send_weights(self, version: int, channel: str) -> int:
-        """Send this version's weights to the rollout rank over the weight channel at `channel`
-        (``host:port``; rank 0 sends, every rank joins the resharding); the bytes sent."""
-        weights = self.publish_weights(version)
-        if weights is None:
-            return 0
-        if self._channel is None:
-            from entrepot.grpo.engines.weight_sync import WeightChannel
-
-            self._channel = WeightChannel(
-                channel, sender=True, timeout=self.config.trainer.weight_sync_timeout_s,
-                source=f"actor {self.rank.name}", target="rollout rank 0",
-            )  # fmt: skip
-        self._channel.send(weights)
-        return weights.nbytes
+        """Send them over the weight channel at `channel` (Ray); the bytes sent (0 but on rank 0)."""
+        return self.weights_out.send(version, channel)
 
     def export_hf(self, directory: str) -> None:
         """Rank 0 writes the policy as an HF model directory (every rank joins the resharding)."""
