@@ -52,6 +52,11 @@ RUN_BY = {
         "test_async_config_trains_with_the_rollout_beside_it",
         "4 steps, one process; tokens at most one version stale, corrected",
     ),
+    "calculator.yaml": (
+        "test_example_configs.py",
+        "test_calculator_config_learns_to_call_the_tool",
+        "40 steps, one process; reward and tool use rise",
+    ),
     "local-hf-jsonl-cpu.yaml": (
         "test_example_configs.py",
         "test_local_hf_jsonl_config_trains_on_cpu",
@@ -105,6 +110,40 @@ def test_lora_config_trains_and_reward_rises(runner: CliRunner, configs_dir: Pat
     first = sum(r["reward_mean"] for r in rows[:10]) / 10
     last = sum(r["reward_mean"] for r in rows[-10:]) / 10
     assert last > first + 0.1, (first, last)
+
+
+@pytest.mark.integration  # a training run
+def test_calculator_config_learns_to_call_the_tool(
+    runner: CliRunner, configs_dir: Path, tmp_path: Path
+) -> None:
+    """The built-in multi-turn task: the model learns to call the calculator and use its result."""
+    args = [
+        "grpo",
+        "train",
+        "-c",
+        str(configs_dir / "calculator.yaml"),
+        "-o",
+        str(tmp_path),
+        "--max-steps=40",
+    ]
+    args += [
+        "-q",
+        "eval.every=0",
+        "eval.num_prompts=16",
+        "logging.tensorboard=false",
+        "checkpoint.save_every=0",
+    ]
+    result = runner.invoke(app, args, env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    run_dir = next(tmp_path.iterdir())
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+    def mean(key: str, part: list[dict]) -> float:
+        return sum(r[key] for r in part) / len(part)
+
+    assert mean("reward_mean", rows[-5:]) > mean("reward_mean", rows[:5]) + 0.05
+    assert mean("env/tool_calls", rows[-5:]) > mean("env/tool_calls", rows[:5]) + 0.2
+    assert all(r["multiturn/env_failures"] == 0 for r in rows)
 
 
 @pytest.mark.integration  # a training run

@@ -169,7 +169,8 @@ def test_megatron_reference_from_its_own_path_is_kept_on_resume(tmp_path: Path) 
 
 
 def test_megatron_computes_each_loss_as_the_torch_engine(two_rank_world: Path) -> None:
-    """GSPO, CISPO, PPO-clip and Dr. GRPO with a masked row: megatron at TP2 (padded grids) takes the
+    """GSPO, CISPO, PPO-clip and Dr. GRPO with a masked row, PPO-clip and GSPO on multi-turn rows (the
+    environment's tokens out of the loss): megatron at TP2 (padded grids) takes the
     torch engine's step (packed) to fp32 tolerance (gradient norm and loss 1e-5; parameters after
     Adam's first step 1e-4, as in test_megatron_matches_the_hf_module); the torch engine's own step is
     checked against the written-out formulas in test_loss_family.py. (Run in `two_rank_world`, after
@@ -206,3 +207,26 @@ def test_megatron_trains_asynchronously_with_the_correction(tmp_path: Path) -> N
     assert [r["step"] for r in rows] == [1, 2, 3] and ages <= {"async/tokens_age_0", "async/tokens_age_1"}
     assert all(0.0 <= r["offpolicy/masked_frac"] <= 1.0 and r["offpolicy/is_weight_max"] > 0 for r in rows)
     assert sum(r["async/weight_loads"] for r in rows) >= 3  # megatron's weights reached the rollout
+
+
+def test_megatron_trains_multiturn_trajectories(tmp_path: Path) -> None:
+    """The calculator's multi-turn rows through the megatron engine in one process (here for the
+    reason given above): the environment's tokens ride along in the forward pass, out of the loss."""
+    from entrepot.grpo.trainer import Trainer
+
+    config = load_config(None, [
+        "engine.train=megatron", "data.task=addition", "data.num_digits=4", "model.max_positions=32",
+        "rollout.max_new_tokens=6", "multiturn.environment=calculator", "multiturn.max_turns=3",
+        "multiturn.max_tokens=20", "multiturn.max_observation_tokens=8", "algorithm.kl_coef=0.0",
+        "rollout.prompts_per_step=8", "rollout.n_samples_per_prompt=4", "eval.every=0", "eval.num_prompts=8",
+        "checkpoint.save_every=0", "logging.tensorboard=false", "max_steps=2", "algorithm.epochs=2",
+    ])  # fmt: skip
+    trainer = Trainer(config, tmp_path / "run")
+    try:
+        before = trainer.parameters()
+        rows = trainer.fit()
+        after = trainer.parameters()
+    finally:
+        trainer.close()
+    assert [r["step"] for r in rows] == [1, 2] and any(not torch.equal(before[k], after[k]) for k in before)
+    assert any(r["multiturn/env_token_frac"] > 0 for r in rows)

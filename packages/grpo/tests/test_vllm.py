@@ -212,6 +212,25 @@ def test_async_training_reloads_vllm_between_chunks(tmp_path: Path) -> None:
 
 
 @needs_vllm
+def test_multiturn_with_vllm_keeps_the_environment_tokens_out_of_the_mismatch(tmp_path: Path) -> None:
+    """The calculator's multi-turn trajectories rolled out by vLLM, synchronously and asynchronously:
+    vLLM's log-probs match the trainer's on the model's tokens (the environment's have none), and the
+    trajectories carry the tool's tokens."""
+    calculator = [
+        "data.task=addition", "data.num_digits=4", "model.max_positions=32", "rollout.max_new_tokens=6",
+        "multiturn.environment=calculator", "multiturn.max_turns=3", "multiturn.max_tokens=20",
+        "multiturn.max_observation_tokens=8", "algorithm.kl_coef=0.0", "max_steps=2", "algorithm.epochs=2",
+    ]  # fmt: skip
+    train(load_config(None, [*LOCAL, *calculator]), tmp_path / "sync")
+    rows = read_metrics(tmp_path / "sync" / "metrics.jsonl")
+    assert all(r["rollout/logp_mismatch_mean"] < 1e-3 for r in rows)  # model tokens only
+    assert any(r["multiturn/env_token_frac"] > 0 for r in rows)
+    train(load_config(None, [*LOCAL, *calculator, "trainer.mode=async"]), tmp_path / "async")
+    rows = read_metrics(tmp_path / "async" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2] and any(r["multiturn/env_token_frac"] > 0 for r in rows)
+
+
+@needs_vllm
 def test_train_with_vllm_rollouts_raises_the_reward(ray_session: Any, tmp_path: Path) -> None:
     config = load_config(
         None,

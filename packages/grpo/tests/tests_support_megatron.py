@@ -72,9 +72,13 @@ def compare_with_hf(
     Path(out, f"{rank}.json").write_text(json.dumps(result))
 
 
-LOSS_CASES = (("ppo_clip", "token-mean", False), ("gspo", "seq-mean-token-mean", False),
-              ("cispo", "token-mean", False), ("ppo_clip", "seq-mean-token-sum-norm", True))  # fmt: skip
-"""(algorithm.loss, algorithm.loss_agg, mask a truncated row): the loss family's cases."""
+LOSS_CASES = (
+    ("ppo_clip", "token-mean", False, False), ("gspo", "seq-mean-token-mean", False, False),
+    ("cispo", "token-mean", False, False), ("ppo_clip", "seq-mean-token-sum-norm", True, False),
+    ("ppo_clip", "token-mean", False, True), ("gspo", "seq-mean-token-mean", False, True),
+)  # fmt: skip
+"""(algorithm.loss, algorithm.loss_agg, mask a truncated row, multi-turn rows: every third response token
+the environment's): the loss family's cases."""
 
 
 def compare_losses_with_hf(rank: int, world: int, port: int, out: str) -> None:
@@ -89,7 +93,7 @@ def compare_losses_with_hf(rank: int, world: int, port: int, out: str) -> None:
     results: dict[str, dict[str, float]] = {}
     batch = _rows()
     advantages = torch.randn(batch.num_rows, generator=torch.Generator().manual_seed(5))
-    for loss, agg, mask in LOSS_CASES:
+    for loss, agg, mask, env in LOSS_CASES:
         config = load_config(None, [
             "engine.train=megatron", "parallel.train.tensor=2", "algorithm.kl_coef=0.0",
             "batching.max_tokens_per_micro_batch=40", "algorithm.grad_clip=null", f"algorithm.loss={loss}",
@@ -104,8 +108,9 @@ def compare_losses_with_hf(rank: int, world: int, port: int, out: str) -> None:
         old = current - torch.linspace(-0.35, 0.35, current.numel())
         keep = torch.ones(batch.num_rows, dtype=torch.bool)
         keep[1] = not mask
+        model_mask = torch.arange(current.numel()) % 3 != 1 if env else None  # [R]
         inputs = UpdateInputs(batch, advantages, old, None, [torch.arange(batch.num_rows)], horizon=9,
-                              keep=keep if mask else None)  # fmt: skip
+                              keep=keep if mask else None, model_mask=model_mask)  # fmt: skip
         metrics = trainer.update(inputs)
         optimizer, scheduler = build_optimizer(single, config.algorithm, 300)
         expected = ppo_update(single, optimizer, scheduler, inputs, config.algorithm, config.batching)
@@ -114,7 +119,7 @@ def compare_losses_with_hf(rank: int, world: int, port: int, out: str) -> None:
         shard = trainer.adaptor.shard(full, trainer.train_engine.layout, tp_rank=coords.tp_rank,
                                       pp_rank=coords.pp_rank)  # fmt: skip
         mine = trainer.named_parameters()
-        results[f"{loss}/{agg}/{mask}"] = {
+        results[f"{loss}/{agg}/{mask}/{env}"] = {
             "param_diff": max(float((mine[n] - shard[n]).abs().max()) for n in mine),
             "grad_norm_diff": abs(metrics["grad_norm"] - expected["grad_norm"]),
             "pg_loss_diff": abs(metrics["pg_loss"] - expected["pg_loss"]),

@@ -120,3 +120,20 @@ def built_default_dir(path: Path, seed: int) -> Path:
     )
     model.save_pretrained(path)
     return path
+
+
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""Qwen-style ChatML: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message."""
+
+
+def chatml_tokenizer(chat_template: str | None = CHATML_TEMPLATE) -> Any:
+    """`byte_tokenizer` plus the special tokens ``<|im_start|>`` and ``<|im_end|>`` (the EOS token),
+    with `chat_template` (None: no chat template)."""
+    tok = byte_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.eos_token = "<|im_end|>"
+    tok.chat_template = chat_template
+    return tok

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from entrepot.cli._check_template import check_template
 from entrepot.cli._errors import user_errors
 from entrepot.cli._grpo_config import ConfigOption, OverridesArgument, config_app
 
@@ -87,3 +88,6 @@ def evaluate(
 
     with user_errors():
         run_evaluation(path, num_prompts)
+
+
+grpo_app.command("check-template")(check_template)  # after train and eval in `rl grpo --help`

@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "CheckpointError",
     "DataError",
+    "EnvironmentFailure",
     "GRPOConfigError",
     "GRPOError",
     "LogpMismatchError",
@@ -12,6 +13,7 @@ __all__ = [
     "RewardModelError",
     "RolloutLostError",
     "StageError",
+    "TemplateError",
     "UnknownRewardError",
     "WeightSyncError",
 ]
@@ -92,6 +94,19 @@ class RolloutLostError(GRPOError, RuntimeError):
 
     def __reduce__(self) -> tuple[type, tuple[str, str, str | None]]:
         return (type(self), (self.worker, self.reason, self.details))
+
+
+class TemplateError(GRPOError, ValueError):
+    """A chat template is not append-only: rendering a conversation turn by turn gives other tokens
+    than rendering it whole (multi-turn rollouts would train on tokens the model never saw).
+
+    The message names the turn and the tokens where the two renderings part.
+    """
+
+
+class EnvironmentFailure(GRPOError, RuntimeError):
+    """A multi-turn environment raised, timed out or returned something malformed, and
+    ``multiturn.fail_fast`` is on (otherwise such a trajectory ends with the reason, and the step goes on)."""
 
 
 class StageError(GRPOError, RuntimeError):

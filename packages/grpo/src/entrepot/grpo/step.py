@@ -31,6 +31,7 @@ from entrepot.grpo.config.correction import resolve as resolve_correction
 from entrepot.grpo.data import rewards
 from entrepot.grpo.data.sources import TaskSetup, encode_prompt
 from entrepot.grpo.engines.registry import choose_engines
+from entrepot.grpo.multiturn import EndReason
 from entrepot.grpo.run.metrics import dock_step_metrics, merge_rank_metrics
 from entrepot.grpo.run.samples import build_samples, pick_rows
 from entrepot.grpo.sampling import Sampling, StageStart, choose_sampling
@@ -41,8 +42,8 @@ from entrepot.grpo.workers import (
     ReferenceWorker,
     RewardModelWorker,
     RewardWorker,
+    prompt_extras,
     tensor_text,
-    text_tensor,
     wait_all,
 )
 
@@ -72,6 +73,7 @@ class GRPOStep:
         self.rollout, self.algorithm, self.batching = config.rollout, config.algorithm, config.batching
         self.resources, self.reward, self.eval = config.resources, config.reward, config.eval
         self.logging = config.logging
+        self.multiturn = config.multiturn.enabled
         self.max_prompt_tokens, self.max_steps = config.data.max_prompt_tokens, config.max_steps
         self.separate_kernels = choose_engines(config.engine).rollout.separate_kernels
         self.cluster, self.dock, self.setup = cluster, cluster.dock, setup
@@ -181,8 +183,8 @@ class GRPOStep:
         Reading and decoding draw no random numbers: the run trains as it would without samples.
         """
         picked = pick_rows(rows, self.rollout.n_samples_per_prompt, self.logging.samples_per_step)
-        batch = self.dock.peek(["prompts", "responses", "answer", "rm_scores", "accuracy"], picked,
-                               layout="packed")  # fmt: skip
+        columns = ["prompts", "responses", "answer", "rm_scores", "accuracy"]
+        batch = self.dock.peek(columns + (["end_reason"] if self.multiturn else []), picked, layout="packed")
         tok = self.setup.tokenizer
         prompts: list[str] = []
         responses: list[str] = []
@@ -192,10 +194,14 @@ class GRPOStep:
                 out.append(tok.decode(part.tolist(), skip_special_tokens=True))
         for part in batch.columns["answer"].split(batch.lengths["answer"].tolist()):
             answers.append(tensor_text(part.to(torch.uint8)))
-        return build_samples(
+        records = build_samples(
             step, prompts, responses, answers, batch.columns["rm_scores"].tolist(),
-            batch.columns["accuracy"].tolist(), self.reward.verifiers,
+            batch.columns["accuracy"].tolist(), {} if self.multiturn else self.reward.verifiers,
         )  # fmt: skip
+        if self.multiturn:  # why each trajectory ended (a failing environment shows here)
+            for record, reason in zip(records, batch.columns["end_reason"].tolist(), strict=True):
+                record["end"] = EndReason(int(reason)).label
+        return records
 
     # -- running stages -------------------------------------------------------------------------
 
@@ -238,8 +244,8 @@ class GRPOStep:
         samples = self.setup.source.batch(self._data_position, count)
         self._data_position += count
         prompts = [torch.tensor(encode_prompt(self.setup, s.prompt, self.max_prompt_tokens)) for s in samples]
-        return self.dock.put_prompts(prompts, self.rollout.n_samples_per_prompt,
-                                     extra={"answer": [text_tensor(s.answer) for s in samples]})  # fmt: skip
+        extra = prompt_extras(samples, with_prompt_text=self.multiturn)
+        return self.dock.put_prompts(prompts, self.rollout.n_samples_per_prompt, extra=extra)
 
     def _reward_model_stage(self, count: int) -> list[StageStart]:
         """The reward models' stage over `count` prompt groups: on the actor ranks or their own workers."""
@@ -303,6 +309,7 @@ class GRPOStep:
             "rm_scores",
             "response_length",
             *(["ref_log_prob", "old_log_prob"] if kl_in_reward else []),
+            *(["model_mask"] if kl_in_reward and self.multiturn else []),
         ]
         batch = self.dock.get("compute_advantage", columns, rows.numel(), indexes=rows, layout="packed",
                               timeout=self.resources.stage_timeout_s)  # fmt: skip
@@ -312,6 +319,8 @@ class GRPOStep:
         if kl_in_reward:
             lengths = batch.columns["response_length"]
             old, ref = batch.columns["old_log_prob"], batch.columns["ref_log_prob"]
+            if self.multiturn:  # no KL at the environment's tokens
+                ref = torch.where(batch.columns["model_mask"].bool(), ref, old)
             kl = sequence_kl(old, ref, lengths, algo.kl_kind)  # [B]
             rewards = scores - algo.kl_coef * kl
             metrics["reward/kl_penalty"] = float((algo.kl_coef * kl).mean())

@@ -147,6 +147,9 @@ class UpdateInputs:
         behaviour_logp: [R] log-probs the rollout engine sampled each token with, or None.
         correction: the resolved `algorithm.correction` (`entrepot.grpo.config.correction.resolve`); None or
             kind none: no correction. Applied only with `behaviour_logp` (`algo.correction`).
+        model_mask: [R] bool, the tokens the model sampled (None: all). Multi-turn rows hold the
+            environment's tokens too: they condition the model's later tokens in the forward pass, but
+            the loss, its normaliser and every diagnostic count the model's tokens only.
     """
 
     batch: ResponseBatch
@@ -158,6 +161,16 @@ class UpdateInputs:
     keep: torch.Tensor | None = None
     behaviour_logp: torch.Tensor | None = None
     correction: CorrectionConfig | None = None
+    model_mask: torch.Tensor | None = None
+
+    def model_lengths(self, rows: torch.Tensor) -> torch.Tensor:
+        """int64 [K] tokens of each of `rows` the model sampled (the whole response without a mask)."""
+        lengths = self.batch.response_lengths[rows]
+        if self.model_mask is None:
+            return lengths
+        mask = self.batch.select_response_values(self.model_mask, rows)
+        per_row = torch.repeat_interleave(torch.arange(rows.numel()), lengths)
+        return torch.zeros(rows.numel(), dtype=torch.int64).index_add_(0, per_row, mask.long())
 
     @property
     def corrected(self) -> bool:
@@ -172,7 +185,7 @@ def mini_batch_counts(
 
     Rows outside `inputs.keep` count in neither.
     """
-    lengths = inputs.batch.response_lengths[rows]
+    lengths = inputs.model_lengths(rows)
     if inputs.keep is not None:
         lengths = lengths[inputs.keep[rows]]
     counts = torch.tensor(
@@ -303,18 +316,27 @@ def micro_batch_loss(
     device = logp.device
     old = logp.detach() if inputs.old_logp is None else _values(inputs, inputs.old_logp, picked, device)
     ref = None if inputs.ref_logp is None else _values(inputs, inputs.ref_logp, picked, device)
-    weights = token_weights(sub.response_lengths, algo.loss_agg, normalizer)
+    advantages = sub.per_token(inputs.advantages[picked].to(device))
     kept = None if inputs.keep is None else sub.per_token(inputs.keep[picked])  # [R] bool
+    behaviour = None if not inputs.corrected else _values(inputs, inputs.behaviour_logp, picked, device)  # type: ignore[arg-type]
+    lengths = sub.response_lengths
+    if inputs.model_mask is not None:  # the loss sees the model's tokens only (module docstring)
+        mine = _values(inputs, inputs.model_mask, picked, device).bool()  # [R]
+        logp, old, advantages = logp[mine], old[mine], advantages[mine]
+        ref, entropy, behaviour, kept = (
+            None if t is None else t[mine] for t in (ref, entropy, behaviour, kept)
+        )
+        lengths = inputs.model_lengths(picked)
+    weights = token_weights(lengths, algo.loss_agg, normalizer)
     if kept is not None:
         weights = weights * kept.to(weights.dtype)
     correction = None
-    if inputs.corrected:
-        assert inputs.behaviour_logp is not None and inputs.correction is not None  # `corrected`
-        behaviour = _values(inputs, inputs.behaviour_logp, picked, device)
-        correction = offpolicy.correction_weights(old, behaviour, sub.response_lengths, inputs.correction)
+    if behaviour is not None:
+        assert inputs.correction is not None  # `corrected`
+        correction = offpolicy.correction_weights(old, behaviour, lengths, inputs.correction)
     out = policy_loss(
-        logp, old, sub.per_token(inputs.advantages[picked].to(device)), weights.to(device),
-        response_lengths=sub.response_lengths, loss=algo.loss,
+        logp, old, advantages, weights.to(device),
+        response_lengths=lengths, loss=algo.loss,
         num_tokens=num_tokens, clip_low=algo.clip_low, clip_high=algo.clip_high,
         ref_logp=ref, kl_coef=0.0 if algo.kl_in_reward else algo.kl_coef, kl_kind=algo.kl_kind,
         entropy=entropy, entropy_coef=algo.entropy_coef,

@@ -9,6 +9,10 @@ It keeps up to `slots` responses in flight. Each turn it
 4. puts finished responses into the dock (tokens, behaviour log-probs, versions), scores each group
    whose responses all finished, and marks it finished in the ledger, where a step takes it.
 
+With a multi-turn environment (`multiturn`), step 3 runs the trajectories in flight to their end
+instead (`multiturn.MultiTurnRollout`): new weights then reach the rollout between two batches of
+trajectories, never inside one.
+
 A failure ends the thread and is kept (`error`); the trainer's waits call `check`, which raises it as
 `RolloutLostError` naming the rollout rank, so a dead rollout never leaves the trainer waiting.
 """
@@ -28,7 +32,10 @@ from entrepot.grpo.asynchronous.ledger import Ledger
 from entrepot.grpo.engines.base import RolloutEngine, SamplingParams
 from entrepot.grpo.engines.weight_sync import WeightMailbox
 from entrepot.grpo.errors import RolloutLostError, WeightSyncError
+from entrepot.grpo.multiturn import MultiTurnRollout, Row
 from entrepot.grpo.workers._partial_rollout import partial_round
+from entrepot.grpo.workers._rollout import MultiTurnTotals, trajectory_columns
+from entrepot.grpo.workers.reward import tensor_text
 
 __all__ = ["Admit", "RolloutLoop", "RolloutStats"]
 
@@ -62,6 +69,7 @@ class RolloutStats:
     load_bytes: int = 0
     in_flight_updates: int = 0  # loads that happened with responses in flight
     version: int = -1
+    multiturn: MultiTurnTotals = field(default_factory=MultiTurnTotals)  # the trajectories' metrics
 
     def metrics(self, wall_s: float) -> dict[str, float]:
         out = {
@@ -71,6 +79,7 @@ class RolloutStats:
             "async/weight_loads": float(self.loads),
             "async/in_flight_updates": float(self.in_flight_updates),
         }
+        out.update({k: v for k, v in self.multiturn.metrics().items() if k != "rollout_tokens"})
         if self.loads:
             out["async/weight_sync_s"] = self.load_s / self.loads
             out["async/weight_sync_gbps"] = self.load_bytes / max(self.load_s, 1e-9) / 1e9
@@ -100,11 +109,13 @@ class RolloutLoop:
         self, engine: RolloutEngine, sampling: SamplingParams, dock: Any, ledger: Ledger,
         mailbox: WeightMailbox, admit: Admit, score: Score, *, group_size: int, slots: int,
         chunk_tokens: int, pad_token_id: int, generator: torch.Generator, name: str = "rollout rank 0",
+        multiturn: MultiTurnRollout | None = None,
     ) -> None:  # fmt: skip
         self.engine, self.sampling, self.dock, self.ledger = engine, sampling, dock, ledger
         self.mailbox, self.admit, self.score = mailbox, admit, score
         self.n, self.slots, self.chunk = group_size, max(slots, group_size), chunk_tokens
         self.pad, self.generator, self.name = pad_token_id, generator, name
+        self.multiturn = multiturn
         self.version = -1
         self.error: BaseException | None = None
         self.details: str | None = None
@@ -164,7 +175,7 @@ class RolloutLoop:
                 self.ledger.wait_for_room(_IDLE_S)
                 self._add(idle_s=time.perf_counter() - t0)
                 continue
-            active = self._chunk(active)
+            active = self._chunk(active) if self.multiturn is None else self._trajectories(active)
 
     def _load(self, weights: Any, *, in_flight: bool) -> None:
         self.doing = f"loading policy version {weights.version}"
@@ -212,6 +223,34 @@ class RolloutLoop:
             self.score([g + j for g in finished for j in range(self.n)])
             self.ledger.finish(finished)
         return left
+
+    def _trajectories(self, active: list[_Slot]) -> list[_Slot]:
+        """Run the multi-turn trajectories of every slot to their end; put, score and finish them all."""
+        assert self.multiturn is not None  # the loop calls this only then
+        self.doing = f"running {len(active)} trajectories under policy version {self.version}"
+        t0 = time.perf_counter()
+        rows = torch.tensor([s.row for s in active], dtype=torch.int64)
+        texts = self.dock.peek(["prompt_text", "answer"], rows, layout="packed")
+        prompt_texts, answers = (
+            [tensor_text(t) for t in torch.split(texts.columns[c], texts.lengths[c].tolist())]
+            for c in ("prompt_text", "answer")
+        )
+        starts = [(Row(p, a, s.row), s.prompt.tolist())
+                  for p, a, s in zip(prompt_texts, answers, active, strict=True)]  # fmt: skip
+        trajectories, metrics = self.multiturn.run(self.engine, starts, self.sampling, pad_token_id=self.pad,
+                                                   generator=self.generator)  # fmt: skip
+        columns = trajectory_columns(trajectories)
+        lengths = columns["response_length"]
+        versions = torch.full((int(lengths.sum()),), self.version, dtype=torch.int32)
+        self.dock.put({**columns, "policy_version": (versions, lengths)}, rows)
+        self._add(tokens=int(metrics["rollout_tokens"]), busy_s=time.perf_counter() - t0)
+        with self._stats_lock:
+            self._stats.multiturn.add(metrics)
+        finished = sorted({s.row - s.row % self.n for s in active})
+        self.doing = f"scoring {len(finished)} group(s)"
+        self.score([g + j for g in finished for j in range(self.n)])
+        self.ledger.finish(finished)
+        return []
 
     def _put(self, done: list[_Slot]) -> None:
         lengths = torch.tensor([s.tokens.numel() for s in done], dtype=torch.int64)

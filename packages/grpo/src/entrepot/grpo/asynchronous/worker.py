@@ -23,7 +23,7 @@ from entrepot.grpo.data.sources import encode_prompt
 from entrepot.grpo.embedded.threads import configure_threads
 from entrepot.grpo.engines.weight_sync import PublishedWeights, WeightChannel, WeightMailbox
 from entrepot.grpo.errors import RolloutLostError
-from entrepot.grpo.workers import RewardWorker, text_tensor
+from entrepot.grpo.workers import RewardWorker, prompt_extras
 from entrepot.grpo.workers.ranks import RankInfo
 
 __all__ = ["RolloutWorker"]
@@ -69,6 +69,7 @@ class RolloutWorker:
         """Start the rollout thread (once weights of version `step` are or will be in the mailbox)."""
         from entrepot.grpo.engines.base import SamplingParams
         from entrepot.grpo.engines.policy import sampling_generator
+        from entrepot.grpo.multiturn import build_multiturn
 
         config, tok = self.config, self.setup.tokenizer
         rollout = config.rollout
@@ -85,6 +86,7 @@ class RolloutWorker:
             slots=config.trainer.rollout_slots or (config.trainer.max_staleness + 1) * rollout.batch_size,
             chunk_tokens=config.trainer.chunk_tokens, pad_token_id=int(tok.pad_token_id),
             generator=sampling_generator(config.seed + step), name=self.name,
+            multiturn=build_multiturn(config.multiturn, tok),
         )  # fmt: skip
         self.loop.start()
 
@@ -160,8 +162,8 @@ class RolloutWorker:
         limit = self.config.data.max_prompt_tokens
         prompts = [torch.tensor(encode_prompt(self.setup, s.prompt, limit)) for s in samples]
         n = self.config.rollout.n_samples_per_prompt
-        answers = [text_tensor(s.answer) for s in samples]
-        rows = self._dock.put_prompts(prompts, n, extra={"answer": answers})
+        extra = prompt_extras(samples, with_prompt_text=self.config.multiturn.enabled)
+        rows = self._dock.put_prompts(prompts, n, extra=extra)
         first_rows = rows.view(-1, n)[:, 0].tolist()
         self.ledger.admit(first_rows, positions, version)
         return first_rows, prompts

@@ -24,6 +24,7 @@ from entrepot.grpo.config.engine import EngineConfig, InferParallelConfig, Paral
 from entrepot.grpo.config.loading import config_from_dict, config_to_dict, dump_yaml, load_config
 from entrepot.grpo.config.lora import LoraConfig
 from entrepot.grpo.config.model import DataConfig, ModelConfig
+from entrepot.grpo.config.multiturn import MultiTurnConfig
 from entrepot.grpo.config.resources import DockConfig, ResourcesConfig, ThreadsConfig
 from entrepot.grpo.config.reward import RewardConfig
 from entrepot.grpo.config.rollout import RolloutConfig
@@ -45,6 +46,7 @@ __all__ = [
     "LoggingConfig",
     "LoraConfig",
     "ModelConfig",
+    "MultiTurnConfig",
     "ParallelConfig",
     "PassBatchingConfig",
     "ResourcesConfig",

@@ -13,6 +13,7 @@ from entrepot.grpo.config.algorithm import AlgorithmConfig
 from entrepot.grpo.config.engine import EngineConfig, ParallelConfig, TrainParallelConfig
 from entrepot.grpo.config.fields import check
 from entrepot.grpo.config.model import DataConfig, ModelConfig
+from entrepot.grpo.config.multiturn import MultiTurnConfig
 from entrepot.grpo.config.resources import DockConfig, ResourcesConfig
 from entrepot.grpo.config.reward import RewardConfig
 from entrepot.grpo.config.rollout import RolloutConfig
@@ -25,6 +26,7 @@ __all__ = [
     "check_layout_fits_model",
     "check_lora",
     "check_model_source",
+    "check_multiturn",
     "check_parallel",
     "check_partial_rollout",
     "check_reference",
@@ -251,3 +253,24 @@ def check_async(
     check(not algorithm.dynamic_sampling, "algorithm.dynamic_sampling", True, f"false {why}")
     check(not reward.models, "reward.models", reward.models, f"empty {why} (the rollout scores by rules)")
     check(not model.lora.enabled, "model.lora.rank", model.lora.rank, f"0 {why}")
+
+
+def check_multiturn(
+    multiturn: MultiTurnConfig, rollout: RolloutConfig, algorithm: AlgorithmConfig, parallel: ParallelConfig,
+    data: DataConfig,
+) -> None:  # fmt: skip
+    """What multi-turn rollouts do not run with is refused, naming the key: partial rollout, dynamic
+    sampling, the truncation mask, a tensor-parallel rollout; the calculator needs the addition task."""
+    if not multiturn.enabled:
+        return
+    why = "with multiturn.environment set"
+    check(rollout.partial_max_tokens is None, "rollout.partial_max_tokens", rollout.partial_max_tokens,
+          f"null {why} (a trajectory is rolled out whole)")  # fmt: skip
+    check(not algorithm.dynamic_sampling, "algorithm.dynamic_sampling", True, f"false {why}")
+    limits = "a trajectory's limits end it with a reason instead: the multiturn/end_* metrics"
+    check(not algorithm.mask_truncated, "algorithm.mask_truncated", True, f"false {why} ({limits})")
+    waits = "the ranks of a tensor-parallel vLLM would wait for each other's environments"
+    check(parallel.infer.tensor == 1, "parallel.infer.tensor", parallel.infer.tensor, f"1 {why} ({waits})")
+    if multiturn.environment == "calculator":
+        allowed = "'addition' with multiturn.environment 'calculator' (it answers addition questions)"
+        check(data.task == "addition", "data.task", data.task, allowed)

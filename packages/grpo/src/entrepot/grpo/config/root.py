@@ -17,6 +17,7 @@ from entrepot.grpo.config.batching import BatchingConfig
 from entrepot.grpo.config.engine import EngineConfig, ParallelConfig
 from entrepot.grpo.config.fields import check, doc
 from entrepot.grpo.config.model import DataConfig, ModelConfig
+from entrepot.grpo.config.multiturn import MultiTurnConfig
 from entrepot.grpo.config.resources import DockConfig, ResourcesConfig, ThreadsConfig
 from entrepot.grpo.config.reward import RewardConfig
 from entrepot.grpo.config.rollout import RolloutConfig
@@ -55,6 +56,10 @@ class GRPOConfig:
         default_factory=TrainerConfig, metadata=doc("Synchronous or asynchronous training.")
     )
 
+    multiturn: MultiTurnConfig = field(
+        default_factory=MultiTurnConfig, metadata=doc("Multi-turn rollouts with an environment.")
+    )
+
     def __post_init__(self) -> None:
         check(self.max_steps >= 1, "max_steps", self.max_steps, ">= 1")
         check(bool(self.name) and "/" not in self.name, "name", self.name, "a non-empty name without '/'")
@@ -71,3 +76,4 @@ class GRPOConfig:
         checks.check_lora(self.model, self.engine)
         checks.check_async(self.trainer, self.resources, self.parallel, self.rollout, self.algorithm,
                            self.reward, self.model)  # fmt: skip
+        checks.check_multiturn(self.multiturn, self.rollout, self.algorithm, self.parallel, self.data)

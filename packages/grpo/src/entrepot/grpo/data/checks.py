@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from entrepot.grpo.config.fields import check
 from entrepot.grpo.data.lengths import longest_sequence, partial_max_age, response_budget
-from entrepot.grpo.data.tasks import HELD_OUT_POOL, SYNTHETIC_TASKS, distinct_prompts, prompt_tokens
+from entrepot.grpo.data.tasks import HELD_OUT_POOL, SYNTHETIC_TASKS, distinct_prompts
 
 if TYPE_CHECKING:
     from entrepot.grpo.config import (
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         DockConfig,
         GRPOConfig,
         ModelConfig,
+        MultiTurnConfig,
         RewardConfig,
         RolloutConfig,
     )
@@ -40,8 +41,8 @@ def check_task_fits(config: GRPOConfig) -> None:
     """Raise `GRPOConfigError` (naming the key) if the config's sequences do not fit what holds them."""
     check_prompt_space(config.data)
     check_dock_groups(config.data, config.rollout, config.dock)
-    check_positions(config.data, config.rollout, config.model)
-    check_token_budgets(config.data, config.rollout, config.batching)
+    check_positions(config.data, config.rollout, config.model, config.multiturn)
+    check_token_budgets(config.data, config.rollout, config.batching, config.multiturn)
     check_partial_budget(config.data, config.rollout)
     check_overlong_buffer(config.data, config.rollout, config.reward)
 
@@ -55,27 +56,35 @@ def check_dock_groups(data: DataConfig, rollout: RolloutConfig, dock: DockConfig
           f"<= the dock's prompt groups ({groups}): each shard holds whole groups")  # fmt: skip
 
 
-def check_positions(data: DataConfig, rollout: RolloutConfig, model: ModelConfig) -> None:
+def check_positions(
+    data: DataConfig, rollout: RolloutConfig, model: ModelConfig, multiturn: MultiTurnConfig | None = None
+) -> None:
     """A synthetic prompt plus its response must fit the built decoder's learned positions.
 
     A local model's positions are checked once its directory is read (`run.preflight`).
     """
     if data.task not in SYNTHETIC_TASKS or model.path is not None:
         return
-    need = prompt_tokens(data.task, data.num_digits) + response_budget(data, rollout)
+    need = longest_sequence(data, rollout, multiturn)
+    what = "multiturn.max_tokens" if multiturn is not None and multiturn.enabled else "response"
     check(
         need <= model.max_positions,
         "model.max_positions",
         model.max_positions,
-        f">= {need} (prompt + response tokens of data.task={data.task!r})",
+        f">= {need} (prompt + {what} tokens of data.task={data.task!r})",
     )
 
 
-def check_token_budgets(data: DataConfig, rollout: RolloutConfig, batching: BatchingConfig) -> None:
+def check_token_budgets(
+    data: DataConfig,
+    rollout: RolloutConfig,
+    batching: BatchingConfig,
+    multiturn: MultiTurnConfig | None = None,
+) -> None:
     """Each pass's micro-batch token budget must hold the longest possible sequence (never truncated)."""
     if not batching.dynamic_batch_size:
         return
-    longest = longest_sequence(data, rollout)
+    longest = longest_sequence(data, rollout, multiturn)
     for name in ("ref_log_prob", "old_log_prob", "update"):
         budget, _ = batching.limits(name)
         override = getattr(batching, name).max_tokens is not None

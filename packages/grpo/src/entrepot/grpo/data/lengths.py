@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from entrepot.grpo.data.tasks import SYNTHETIC_TASKS, answer_tokens, prompt_tokens
 
 if TYPE_CHECKING:
-    from entrepot.grpo.config import DataConfig, RolloutConfig
+    from entrepot.grpo.config import DataConfig, MultiTurnConfig, RolloutConfig
 
 __all__ = ["FILE_RESPONSE_TOKENS", "longest_sequence", "partial_max_age", "response_budget"]
 
@@ -29,12 +29,17 @@ def response_budget(data: DataConfig, rollout: RolloutConfig) -> int:
     return FILE_RESPONSE_TOKENS
 
 
-def longest_sequence(data: DataConfig, rollout: RolloutConfig) -> int:
-    """Most tokens one prompt + response can have (what micro-batches and positions must hold)."""
+def longest_sequence(
+    data: DataConfig, rollout: RolloutConfig, multiturn: MultiTurnConfig | None = None
+) -> int:
+    """Most tokens one prompt + response can have (what micro-batches and positions must hold); a
+    multi-turn trajectory's response is up to `multiturn.max_tokens` long."""
     if data.task in SYNTHETIC_TASKS:
         prompt = prompt_tokens(data.task, data.num_digits)
     else:
         prompt = data.max_prompt_tokens
+    if multiturn is not None and multiturn.enabled:
+        return prompt + multiturn.max_tokens
     return prompt + response_budget(data, rollout)
 
 

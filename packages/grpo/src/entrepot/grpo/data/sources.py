@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 from entrepot.grpo import _install
 from entrepot.grpo.data.lengths import response_budget
-from entrepot.grpo.data.tasks import CharTokenizer, PromptSource, Sample, SyntheticTask
+from entrepot.grpo.data.tasks import (
+    DEFAULT_ALPHABET,
+    MULTITURN_ALPHABET,
+    CharTokenizer,
+    PromptSource,
+    Sample,
+    SyntheticTask,
+)
 from entrepot.grpo.errors import DataError
 
 if TYPE_CHECKING:
@@ -127,12 +134,18 @@ def encode_prompt(setup: TaskSetup, prompt: str, max_tokens: int) -> list[int]:
     return ids
 
 
+def _alphabet(config: GRPOConfig) -> str:
+    """The character tokenizer's alphabet: the tasks' characters, and with multi-turn rollouts the chat
+    format's ``>`` and the calculator's ``#`` and ``?`` (`multiturn.chat.CharChat`)."""
+    return MULTITURN_ALPHABET if config.multiturn.enabled else DEFAULT_ALPHABET
+
+
 def build_task(config: GRPOConfig, tokenizer: Any | None = None) -> TaskSetup:
     """Tokenizer + prompt source for `config.data` (a loaded HF tokenizer is passed for model.path)."""
     data = config.data
     if data.task in ("reverse", "addition"):
         task = SyntheticTask(data.task, data.num_digits, seed=config.seed)
-        tok = tokenizer if tokenizer is not None else CharTokenizer()
+        tok = tokenizer if tokenizer is not None else CharTokenizer(_alphabet(config))
         budget = response_budget(data, config.rollout)
         return TaskSetup(tokenizer=tok, source=task, max_new_tokens=budget, use_chat_template=False)
     if tokenizer is None:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 __all__ = [
+    "DEFAULT_ALPHABET",
+    "MULTITURN_ALPHABET",
     "SYNTHETIC_TASKS",
     "CharTokenizer",
     "PromptSource",
@@ -68,6 +70,10 @@ class PromptSource(Protocol):
         ...
 
 
+DEFAULT_ALPHABET = "0123456789+="
+MULTITURN_ALPHABET = DEFAULT_ALPHABET + ">#?"  # the character chat format's and the calculator's
+
+
 class CharTokenizer:
     """A character-level tokenizer over digits, ``+`` and ``=`` with pad (0) and eos (1) ids.
 
@@ -78,7 +84,7 @@ class CharTokenizer:
     pad_token = "<pad>"
     eos_token = "<eos>"
 
-    def __init__(self, alphabet: str = "0123456789+=") -> None:
+    def __init__(self, alphabet: str = DEFAULT_ALPHABET) -> None:
         self.tokens = [self.pad_token, self.eos_token, *alphabet]
         self._ids = {ch: i for i, ch in enumerate(self.tokens)}
         self._visible = ["", "", *alphabet]  # what decode writes with skip_special_tokens

@@ -390,7 +390,7 @@ def build_vllm_engine(
         if torch.distributed.is_initialized():
             torch.distributed.barrier()  # the directory is complete before any rank's vLLM reads it
     return VllmRolloutEngine.launch(
-        model, model_dir, max_model_len=longest_sequence(config.data, config.rollout),
+        model, model_dir, max_model_len=longest_sequence(config.data, config.rollout, config.multiturn),
         max_num_seqs=config.rollout.batch_size, seed=config.seed, device=config.engine.device,
         verify=config.engine.reshard_verify, tensor_parallel=config.parallel.infer.tensor,
     )  # fmt: skip

@@ -42,6 +42,7 @@ from entrepot.grpo.config import (
     EngineConfig,
     EvalConfig,
     GRPOConfig,
+    MultiTurnConfig,
     RewardConfig,
     RolloutConfig,
     TrainParallelConfig,
@@ -149,7 +150,8 @@ def estimate_memory(config: GRPOConfig) -> MemoryEstimate:
     sharded = engines.train.shards_weights  # TP / PP shards, a bucketed Resharder with its scratch
     params = _nbytes(_rank_shard(train, sharded, adaptor, train_state).values())
     copy, aliases = _resharded_copy(sharded, adaptor, train_state, kind, model.parameters())
-    kv_cache, basis = _kv_cache(config.data, config.rollout, config.eval, model.config, kind, num_ranks)
+    kv_cache, basis = _kv_cache(config.data, config.rollout, config.eval, model.config, kind, num_ranks,
+                                config.multiturn)  # fmt: skip
     estimate = MemoryEstimate(
         num_params=sum(p.numel() for p in model.parameters()),
         num_ranks=num_ranks,
@@ -258,12 +260,12 @@ def _rollout_weights(
 
 def _kv_cache(
     data: DataConfig, rollout: RolloutConfig, evaluation: EvalConfig, hf_config: Any, kind: RolloutKind,
-    num_ranks: int,
+    num_ranks: int, multiturn: MultiTurnConfig,
 ) -> tuple[int, str]:  # fmt: skip
     """The rollout engine's largest KV cache and how it was sized."""
     from entrepot.resharding.adaptors import ModelDims
 
-    tokens = longest_sequence(data, rollout)
+    tokens = longest_sequence(data, rollout, multiturn)
     if kind == "vllm":
         seqs = rollout.batch_size
         return vllm_kv_cache_bytes(hf_config, tokens, seqs), (

@@ -114,7 +114,8 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
     model directory's config and tokenizer (not its weights), checks its shape against the parallel
     layout, the longest sequence and the tokenizer, checks the reference directory and the
     reward-model directories (configs and tokenizers), reads the prompt files and reads every gold
-    answer the way the math verifiers will (`rewards.check_gold_answers`). With `every_prompt`
+    answer the way the math verifiers will (`rewards.check_gold_answers`). A multi-turn run with a
+    local model checks that its chat template is append-only (`multiturn.template_check`). With `every_prompt`
     (`train` and ``rl grpo config validate``) every prompt is also encoded under the chat template,
     in batches, so one too long for ``data.max_prompt_tokens`` is found before a run, not at the step
     that draws it.
@@ -138,6 +139,15 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
                 f"model.path ({config.model.path!r}): its tokenizer has {len(tokenizer)} tokens and the "
                 f"model's embedding only {vocab} (a tokenizer from another model?)"
             )
+        if config.multiturn.enabled:  # trajectories append tokens: the template must render that way
+            from entrepot.grpo.errors import TemplateError
+            from entrepot.grpo.multiturn.template_check import require_append_only
+
+            try:
+                require_append_only(tokenizer)
+            except TemplateError as exc:
+                where = f"model.path ({config.model.path!r}) with multiturn.environment set"
+                raise TemplateError(f"{where}: {exc} (rl grpo check-template shows the check)") from None
     _check_reference(config, hf_config)
     if config.reward.models:
         from entrepot.grpo.engines.reward_model import check_reward_model_dir
@@ -208,9 +218,10 @@ def _check_model_shape(config: GRPOConfig, hf_config: Any) -> None:
             f"model.path ({path!r})"
         )
     positions = getattr(hf_config, "max_position_embeddings", None)
-    longest = longest_sequence(config.data, config.rollout)
+    longest = longest_sequence(config.data, config.rollout, config.multiturn)
     if positions is not None and positions < longest:
         raise DataError(
             f"model.path ({path!r}) holds {positions} positions, fewer than the longest prompt + response "
-            f"this config allows ({longest}); lower data.max_prompt_tokens or rollout.max_new_tokens"
+            f"this config allows ({longest}); lower data.max_prompt_tokens or "
+            + ("multiturn.max_tokens" if config.multiturn.enabled else "rollout.max_new_tokens")
         )

@@ -16,7 +16,7 @@ from entrepot.grpo.workers.actor import ActorWorker
 from entrepot.grpo.workers.group import LocalWorkerGroup, Pending, WorkerGroup, wait_all
 from entrepot.grpo.workers.launch import Cluster, launch
 from entrepot.grpo.workers.ranks import RankInfo, rank_layout
-from entrepot.grpo.workers.reward import RewardWorker, tensor_text, text_tensor
+from entrepot.grpo.workers.reward import RewardWorker, prompt_extras, tensor_text, text_tensor
 from entrepot.grpo.workers.separate import ReferenceWorker, RewardModelWorker
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "RewardWorker",
     "WorkerGroup",
     "launch",
+    "prompt_extras",
     "rank_layout",
     "response_batch",
     "tensor_text",

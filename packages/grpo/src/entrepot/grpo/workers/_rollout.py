@@ -15,10 +15,21 @@ import torch
 
 from entrepot.dock import Batch, DockClient
 from entrepot.grpo.engines.policy import Policy
+from entrepot.grpo.multiturn import MultiTurnRollout, Row, Trajectory
 from entrepot.grpo.workers._partial_rollout import partial_round
 from entrepot.grpo.workers._stage import DockReader
+from entrepot.grpo.workers.reward import tensor_text
 
-__all__ = ["LogpMismatch", "batch_generator", "full_rollout", "partial_rollout", "reshard_metrics"]
+__all__ = [
+    "LogpMismatch",
+    "MultiTurnTotals",
+    "batch_generator",
+    "full_rollout",
+    "multiturn_rollout",
+    "partial_rollout",
+    "reshard_metrics",
+    "trajectory_columns",
+]
 
 
 def batch_generator(base: int, rows: torch.Tensor) -> torch.Generator:
@@ -53,6 +64,69 @@ def full_rollout(
             dock.put(columns, batch.indexes)
         tokens += int(out.lengths.sum())
     return {"rollout_tokens": float(tokens)}
+
+
+def multiturn_rollout(
+    policy: Policy, runner: MultiTurnRollout, reader: DockReader, dock: DockClient, count: int, *, n: int,
+    base: int | None,
+) -> dict[str, float]:  # fmt: skip
+    """Multi-turn trajectories for every prompt row (`count` rows a get, whole groups of `n`): per row
+    the tokens after the prompt, which of them the model sampled (`model_mask`), their log-probs, the
+    environment's reward and why the trajectory ended."""
+    totals = MultiTurnTotals()
+    columns = ["prompts", "prompt_text", "answer"]
+    for batch in reader.batches(dock, "actor_rollout", columns, count, min_count=n, alone=True):
+        prompts = torch.split(batch.columns["prompts"], batch.lengths["prompts"].tolist())
+        texts = [
+            [tensor_text(t) for t in torch.split(batch.columns[c].to(torch.uint8), batch.lengths[c].tolist())]
+            for c in ("prompt_text", "answer")
+        ]
+        starts = [(Row(p, a, int(i)), prompt.tolist())
+                  for p, a, i, prompt in zip(*texts, batch.indexes, prompts, strict=True)]  # fmt: skip
+        generator = policy.generator if base is None else batch_generator(base, batch.indexes)
+        trajectories, metrics = runner.run(policy.engine, starts, policy.sampling, pad_token_id=_pad(policy),
+                                           generator=generator)  # fmt: skip
+        dock.put(trajectory_columns(trajectories), batch.indexes)
+        totals.add(metrics)
+    return totals.metrics()
+
+
+class MultiTurnTotals:
+    """`MultiTurnRollout.run` metrics summed over runs: counts and seconds added, means weighted by
+    their trajectories."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+
+    @staticmethod
+    def _is_mean(key: str) -> bool:
+        return key.startswith("env/") or key in ("multiturn/turns_mean", "multiturn/env_token_frac")
+
+    def add(self, metrics: dict[str, float]) -> None:
+        count = metrics.get("multiturn/trajectories", 0.0)
+        for key, value in metrics.items():
+            self.sums[key] = self.sums.get(key, 0.0) + value * (count if self._is_mean(key) else 1.0)
+
+    def metrics(self) -> dict[str, float]:
+        rows = max(self.sums.get("multiturn/trajectories", 0.0), 1.0)
+        return {key: value / rows if self._is_mean(key) else value for key, value in self.sums.items()}
+
+
+def trajectory_columns(trajectories: list[Trajectory]) -> dict[str, Any]:
+    """The dock columns of finished trajectories (responses are every token after the prompt)."""
+    lengths = torch.tensor([len(t.tokens) for t in trajectories], dtype=torch.int64)
+    return {
+        "responses": (torch.tensor([x for t in trajectories for x in t.tokens], dtype=torch.int64), lengths),
+        "response_length": lengths,
+        "model_mask": (
+            torch.tensor([m for t in trajectories for m in t.model_mask], dtype=torch.bool),
+            lengths,
+        ),
+        "rollout_log_prob": (torch.tensor([x for t in trajectories for x in t.logprobs]), lengths),
+        "env_reward": torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
+        "env_accuracy": torch.tensor([float(t.correct) for t in trajectories], dtype=torch.float32),
+        "end_reason": torch.tensor([int(t.end) for t in trajectories], dtype=torch.int64),
+    }
 
 
 def partial_rollout(

@@ -41,6 +41,7 @@ class UpdateColumns:
         old: the ratio's old log-probs' column (None: the current ones, detached).
         behaviour: the rollout's log-probs' column for the off-policy correction (None: no correction).
         correction: the resolved `algorithm.correction`.
+        model_mask: multi-turn rows: the loss reads which tokens the model sampled.
     """
 
     columns: list[str]
@@ -48,11 +49,13 @@ class UpdateColumns:
     old: str | None
     behaviour: str | None
     correction: CorrectionConfig
+    model_mask: bool = False
 
 
 def update_columns(
-    algorithm: AlgorithmConfig, *, with_old: bool, behaviour: bool, asynchronous: bool, rollout_logprobs: bool
-) -> UpdateColumns:
+    algorithm: AlgorithmConfig, *, with_old: bool, behaviour: bool, asynchronous: bool,
+    rollout_logprobs: bool, multiturn: bool = False,
+) -> UpdateColumns:  # fmt: skip
     """The columns of the update.
 
     The ratio's old log-probs come from the old-log-prob stage (`with_old`), else from the behaviour
@@ -71,15 +74,17 @@ def update_columns(
     columns = [*SEQUENCE_COLUMNS, "advantages", *(["ref_log_prob"] if use_ref else [])]
     columns += [old] if old else []
     columns += [_OLD_BEHAVIOUR] if corrected and old != _OLD_BEHAVIOUR else []
-    return UpdateColumns(columns, use_ref, old, _OLD_BEHAVIOUR if corrected else None, correction)
+    columns += ["model_mask"] if multiturn else []
+    return UpdateColumns(columns, use_ref, old, _OLD_BEHAVIOUR if corrected else None, correction, multiturn)
 
 
 def update_inputs(
     got: Batch | None, plan: Sequence[Sequence[int]], columns: UpdateColumns,
-    algorithm: AlgorithmConfig, sampling: SamplingParams,
+    algorithm: AlgorithmConfig, sampling: SamplingParams, horizon: int | None = None,
 ) -> UpdateInputs:  # fmt: skip
     """This rank's `UpdateInputs` from the rows it took (`got`; None: it holds no row of this step, a
-    short dynamic-sampling step), split into the mini-batches of `plan`."""
+    short dynamic-sampling step), split into the mini-batches of `plan`. `horizon`: the token budget
+    of a response when it is not `sampling`'s (a multi-turn trajectory's)."""
     use_ref, old = columns.use_ref, columns.old
     sizes = [len(mini) for mini in plan]
     local = torch.split(torch.arange(sum(sizes)), sizes)
@@ -95,9 +100,10 @@ def update_inputs(
         old_logp=None if old is None else data[old].float(),
         ref_logp=data["ref_log_prob"] if use_ref else None,
         mini_batches=local,
-        horizon=algorithm.loss_horizon or sampling.max_new_tokens,
+        horizon=algorithm.loss_horizon or horizon or sampling.max_new_tokens,
         keep=~truncated_rows(batch, sampling.max_new_tokens, sampling.stop_token_ids)
         if algorithm.mask_truncated else None,
         behaviour_logp=None if columns.behaviour is None else data[columns.behaviour].float(),
         correction=columns.correction,
+        model_mask=data["model_mask"].bool() if columns.model_mask else None,
     )  # fmt: skip

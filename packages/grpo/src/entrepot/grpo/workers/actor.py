@@ -33,11 +33,19 @@ from entrepot.grpo.engines.frozen import device_bytes
 from entrepot.grpo.engines.policy import Policy, build_policy
 from entrepot.grpo.engines.registry import choose_engines
 from entrepot.grpo.errors import LogpMismatchError
+from entrepot.grpo.multiturn import build_multiturn
 from entrepot.grpo.run.deployment import uses_ray
 from entrepot.grpo.run.evaluation import greedy_eval
+from entrepot.grpo.workers._inspection import ActorInspection
 from entrepot.grpo.workers._memory import PhaseMemory, Sample
 from entrepot.grpo.workers._model_rewards import MODEL_STAGE, ModelRewards
-from entrepot.grpo.workers._rollout import LogpMismatch, full_rollout, partial_rollout, reshard_metrics
+from entrepot.grpo.workers._rollout import (
+    LogpMismatch,
+    full_rollout,
+    multiturn_rollout,
+    partial_rollout,
+    reshard_metrics,
+)
 from entrepot.grpo.workers._stage import SEQUENCE_COLUMNS, DockReader, stage
 from entrepot.grpo.workers._update_inputs import response_batch, update_columns, update_inputs
 from entrepot.grpo.workers._weight_out import WeightOut
@@ -49,7 +57,7 @@ if TYPE_CHECKING:
 __all__ = ["ActorWorker"]
 
 
-class ActorWorker:
+class ActorWorker(ActorInspection):
     """One rank of the co-located actor.
 
     Args:
@@ -96,6 +104,7 @@ class ActorWorker:
         self.weights_out = WeightOut(self.policy, self.rank.rank, f"actor {self.rank.name}",
                                      config.trainer.weight_sync_timeout_s)  # fmt: skip
         self.memory = PhaseMemory(config.engine.device, self._device_bytes)
+        self.multiturn = build_multiturn(config.multiturn, self.policy.setup.tokenizer)
 
     def _parameters(self) -> list[torch.Tensor]:
         """The training parameters, listed once (they keep their identity; offloading empties them)."""
@@ -160,7 +169,10 @@ class ActorWorker:
             int(torch.randint(2**62, (1,), generator=policy.generator)) if self.rank.world_size > 1 else None
         )
         cfg = self.config
-        if cfg.rollout.partial_max_tokens is not None:
+        if self.multiturn is not None:
+            stats = multiturn_rollout(policy, self.multiturn, self.reader, dock, count,
+                                      n=cfg.rollout.n_samples_per_prompt, base=base)  # fmt: skip
+        elif cfg.rollout.partial_max_tokens is not None:
             stats = partial_rollout(policy, self.reader, dock, count, base=base, version=version,
                                     partial_max_tokens=cfg.rollout.partial_max_tokens,
                                     max_age=partial_max_age(cfg.data, cfg.rollout))  # fmt: skip
@@ -251,7 +263,9 @@ class ActorWorker:
         mismatch: LogpMismatch | None = None, rows: Sequence[int] | None = None,
     ) -> None:  # fmt: skip
         n = self.config.rollout.n_samples_per_prompt
-        columns = [*SEQUENCE_COLUMNS, *(["rollout_log_prob"] if mismatch is not None else [])]
+        masked = mismatch is not None and self.config.multiturn.enabled  # the model's tokens only
+        columns = [*SEQUENCE_COLUMNS, *(["rollout_log_prob"] if mismatch is not None else []),
+                   *(["model_mask"] if masked else [])]  # fmt: skip
         if rows is None:
             batches: Iterable[Batch] = self.reader.batches(dock, consumer, columns, count, min_count=n)
         else:  # the step's rows, `count` a replica (the step sizes `count` so each gets one share)
@@ -264,7 +278,8 @@ class ActorWorker:
             if self._writes and logp is not None:  # the last pipeline stage computes them
                 dock.put({column: (logp, sequences.response_lengths)}, batch.indexes)
                 if mismatch is not None:
-                    mismatch.add(batch.columns["rollout_log_prob"], logp)
+                    sampled = batch.columns["model_mask"].bool() if masked else slice(None)
+                    mismatch.add(batch.columns["rollout_log_prob"][sampled], logp[sampled])
 
     @stage("actor_train")
     def update(
@@ -281,11 +296,12 @@ class ActorWorker:
         mine = plan[self.rank.dp_rank]
         columns = update_columns(
             cfg.algorithm, with_old=with_old, behaviour=behaviour, asynchronous=cfg.trainer.asynchronous,
-            rollout_logprobs=self._rollout_logprobs,
+            rollout_logprobs=self._rollout_logprobs, multiturn=cfg.multiturn.enabled,
         )  # fmt: skip
         rows = [row for mini in mine for row in mini]
         got = self.reader.take(dock, "actor_train", columns.columns, rows) if rows else None
-        inputs = update_inputs(got, mine, columns, cfg.algorithm, policy.sampling)
+        horizon = cfg.multiturn.max_tokens if cfg.multiturn.enabled else None
+        inputs = update_inputs(got, mine, columns, cfg.algorithm, policy.sampling, horizon)
         memory: dict[str, float] = {}
         with self.memory.phase("update", memory) as sample:
             t_switch = time.perf_counter()
@@ -308,8 +324,9 @@ class ActorWorker:
         manager.enter_infer_mode()
         try:
             cfg, policy = self.config, self.policy
-            return greedy_eval(policy.engine, policy.setup, cfg.reward, num_prompts or cfg.eval.num_prompts,
-                               max_prompt_tokens=cfg.data.max_prompt_tokens)  # fmt: skip
+            count, limit = num_prompts or cfg.eval.num_prompts, cfg.data.max_prompt_tokens
+            return greedy_eval(policy.engine, policy.setup, cfg.reward, count, max_prompt_tokens=limit,
+                               multiturn=self.multiturn)  # fmt: skip
         finally:
             manager.exit_infer_mode()
 
@@ -360,37 +377,6 @@ class ActorWorker:
         """Params, optimizer state and reference on the device (offloaded ones are 0-byte storages)."""
         with self.policy.manager.mode("train"), self.trainer.reference_resident():
             yield
-
-    def frozen_device_bytes(self) -> dict[str, int]:
-        """Bytes the reference and the reward models hold on the device now (0 when offloaded)."""
-        rewards = self.model_rewards.device_bytes() if self.model_rewards is not None else 0
-        return {"reference": self.trainer.frozen_reference.device_bytes(), "reward_models": rewards}
-
-    def parameters_digest(self) -> dict[str, torch.Tensor]:
-        """A copy of this rank's trainable parameters (tests compare runs bit for bit)."""
-        return {n: p.detach().cpu().clone() for n, p in self.trainer.named_parameters().items()}
-
-    def gradients_digest(self) -> dict[str, torch.Tensor]:
-        """A copy of every gradient of the last optimiser step (after clipping; torch engine)."""
-        params = self.trainer.named_parameters().items()
-        return {n: p.grad.detach().clone() for n, p in params if p.grad is not None}
-
-    def runtime_info(self) -> dict[str, Any]:
-        """Thread settings, the rollout engine and the Ray node (None without Ray) as this process sees
-        them: tests check the Ray workers."""
-        import os
-        import sys
-
-        ray = sys.modules.get("ray")  # loaded in a Ray worker; never imported here for this
-        on_ray = ray is not None and ray.is_initialized()
-        node_id = ray.get_runtime_context().get_node_id() if ray is not None and on_ray else None
-        return {
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-            "torch_threads": torch.get_num_threads(),
-            "pid": os.getpid(),
-            "node_id": node_id,
-            "rollout_tensor_parallel": self.policy.engine.tensor_parallel,
-        }
 
     def shutdown(self) -> None:
         if self.rank.world_size > 1 or self.policy.engines.train.shards_weights:

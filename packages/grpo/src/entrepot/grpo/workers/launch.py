@@ -88,6 +88,12 @@ def launch(config: GRPOConfig, run_dir: str | None = None) -> Cluster:
         "max_age": max_age if partial else None,
         "max_staleness": config.algorithm.max_staleness,
     }  # fmt: skip
+    if config.multiturn.enabled:  # the prompt's text for the environment; per token, who wrote it
+        dock_args["extra_columns"].update({
+            "prompt_text": ColumnSpec(), "model_mask": ColumnSpec(),
+            "env_reward": ColumnSpec(scalar=True), "env_accuracy": ColumnSpec(scalar=True),
+            "end_reason": ColumnSpec(scalar=True),
+        })  # fmt: skip
     separate = not resources.colocate
     wants_reference = separate and config.algorithm.kl_coef > 0
     wants_reward_models = separate and bool(config.reward.models)

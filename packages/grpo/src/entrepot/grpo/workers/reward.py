@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -22,12 +23,21 @@ from entrepot.grpo.workers._model_rewards import MODEL_SCORES
 from entrepot.grpo.workers._stage import DockReader, stage
 from entrepot.grpo.workers.ranks import RankInfo
 
-__all__ = ["RewardWorker", "tensor_text", "text_tensor"]
+__all__ = ["RewardWorker", "prompt_extras", "tensor_text", "text_tensor"]
 
 
 def text_tensor(text: str) -> torch.Tensor:
     """UTF-8 bytes of `text` as a uint8 tensor (how answers travel through the dock)."""
     return torch.tensor(list(text.encode("utf-8")) or [0], dtype=torch.uint8)
+
+
+def prompt_extras(samples: Sequence[Any], *, with_prompt_text: bool) -> dict[str, list[torch.Tensor]]:
+    """The per-prompt dock columns beside the tokens: each answer's text, and the prompt's text for a
+    multi-turn environment's `reset` (`with_prompt_text`)."""
+    extra = {"answer": [text_tensor(s.answer) for s in samples]}
+    if with_prompt_text:
+        extra["prompt_text"] = [text_tensor(s.prompt) for s in samples]
+    return extra
 
 
 def tensor_text(tensor: torch.Tensor) -> str:
@@ -91,9 +101,14 @@ class RewardWorker:
     @property
     def _columns(self) -> list[str]:
         with_models = bool(self.config.reward.models)  # the reward-model stage's column
-        return ["responses", "response_length", "answer", *([MODEL_SCORES] if with_models else [])]
+        with_env = self.config.multiturn.enabled  # the environment's reward
+        return ["responses", "response_length", "answer", *([MODEL_SCORES] if with_models else []),
+                *(["env_reward", "env_accuracy"] if with_env else [])]  # fmt: skip
 
     def _score(self, dock: DockClient, batch: Batch) -> None:
+        if self.config.multiturn.enabled:
+            self._score_trajectories(dock, batch)
+            return
         reward = self.config.reward
         ids = batch.columns["responses"].tolist()
         texts = [
@@ -117,6 +132,13 @@ class RewardWorker:
             },
             batch.indexes,
         )
+
+    def _score_trajectories(self, dock: DockClient, batch: Batch) -> None:
+        """Multi-turn rows: the environment's reward is the rule reward (plus the reward models'), its
+        verdict the accuracy (`Trajectory.correct`)."""
+        env = batch.columns["env_reward"].float()
+        scores = env + batch.columns[MODEL_SCORES].float() if self.config.reward.models else env
+        dock.put({"rm_scores": scores, "accuracy": batch.columns["env_accuracy"].float()}, batch.indexes)
 
     def shutdown(self) -> None:
         """Nothing to release (the group's close ends the process)."""

@@ -1,0 +1,89 @@
+"""One multi-turn trajectory: its tokens after the prompt, who wrote each, and why it ended."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["FAILURES", "EndReason", "Trajectory"]
+
+
+class EndReason(enum.IntEnum):
+    """Why a trajectory ended (the dock's ``end_reason`` column holds the value)."""
+
+    RUNNING = 0
+    DONE = 1  # the environment said done
+    MAX_TURNS = 2  # multiturn.max_turns model turns
+    MAX_TOKENS = 3  # multiturn.max_tokens: no room for another model token
+    OBSERVATION_TOO_LONG = 4  # a message over multiturn.max_observation_tokens (never cut)
+    ENV_ERROR = 5  # the environment raised
+    ENV_TIMEOUT = 6  # an environment call passed multiturn.env_timeout_s
+    ENV_MALFORMED = 7  # the environment returned something that is not a Step, or a message it cannot render
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+FAILURES = frozenset({EndReason.ENV_ERROR, EndReason.ENV_TIMEOUT, EndReason.ENV_MALFORMED})
+"""The reasons that are the environment's failures (counted in ``multiturn/env_failures``)."""
+
+
+@dataclass
+class Trajectory:
+    """The tokens after the prompt, flat: model turns and environment messages in order.
+
+    Attributes:
+        row: its dock row.
+        prompt: the prompt's tokens.
+        tokens: every token after the prompt.
+        model_mask: per token, whether the model sampled it (False: the environment's).
+        logprobs: per token, the rollout's log-prob of a sampled token (0 at the environment's).
+        reward: the sum of the environment's step rewards.
+        turns: model turns taken.
+        end: why it ended (RUNNING while in flight).
+        detail: the failure's text, for the samples.
+        info: the environment's last `Step.info`.
+    """
+
+    row: int
+    prompt: list[int]
+    tokens: list[int] = field(default_factory=list)
+    model_mask: list[bool] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    reward: float = 0.0
+    turns: int = 0
+    end: EndReason = EndReason.RUNNING
+    detail: str = ""
+    info: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def correct(self) -> bool:
+        """Whether it counts as accurate: the environment's ``info["correct"]``, else a reward >= 1."""
+        return bool(self.info["correct"]) if "correct" in self.info else self.reward >= 1.0
+
+    @property
+    def running(self) -> bool:
+        return self.end is EndReason.RUNNING
+
+    def add_model_turn(self, tokens: list[int], logprobs: list[float]) -> None:
+        self.tokens += tokens
+        self.model_mask += [True] * len(tokens)
+        self.logprobs += logprobs
+        self.turns += 1
+
+    def add_observation(self, tokens: list[int]) -> None:
+        self.tokens += tokens
+        self.model_mask += [False] * len(tokens)
+        self.logprobs += [0.0] * len(tokens)
+
+    def context(self) -> torch.Tensor:
+        """The prompt and everything after it: what the model's next turn continues."""
+        return torch.tensor(self.prompt + self.tokens, dtype=torch.long)
+
+    def finish(self, reason: EndReason, detail: str = "") -> None:
+        if self.running:
+            self.end, self.detail = reason, detail
