@@ -147,12 +147,23 @@ def unit(session: nox.Session) -> None:
     _run_pytest(session, "unit", *(f"packages/{name}/tests" for name in PACKAGES), "-m", UNIT_TIER)
 
 
+# Integration tests wait more than they compute (Ray actors and subprocesses starting, gloo worlds
+# meeting): two pytest-xdist workers halve the tier's time on the 2-core CI machine (four contend).
+# `--dist loadfile` keeps each file on one worker, and a worker takes files in their serial order, so
+# the tests one process runs after another are those it ran after it serially (in-process megatron
+# runs leave process state behind: grpo's tests/test_megatron.py says which).
+INTEGRATION_WORKERS = os.environ.get("ENTREPOT_TEST_WORKERS", "2")
+
+
 def _integration(name: str) -> None:
     @nox.session(name=f"integration-{name}")
     def session_fn(session: nox.Session) -> None:
-        _install_package(session, name, PACKAGES[name]["extras"])
+        _install_package(session, name, PACKAGES[name]["extras"], ["pytest-xdist>=3.6"])
         session.run("python", str(ROOT / "tests" / "import_package.py"), name, env=TORCH_ENV)
-        _run_pytest(session, f"integration-{name}", f"packages/{name}/tests", "-m", INTEGRATION_TIER)
+        workers = ["-n", INTEGRATION_WORKERS, "--dist", "loadfile"] if INTEGRATION_WORKERS != "1" else []
+        _run_pytest(
+            session, f"integration-{name}", f"packages/{name}/tests", "-m", INTEGRATION_TIER, *workers
+        )
 
     session_fn.__doc__ = (
         f"Fresh venv with entrepot-{name} and its declared deps only: every module imports, then its "
