@@ -31,6 +31,7 @@ from entrepot.grpo.multiturn import (
     ToolEnvironment,
     Trajectory,
     load_environment,
+    stop_token_ids,
 )
 from entrepot.grpo.multiturn.calculator import ERROR, CalculatorEnv, add
 from entrepot.grpo.multiturn.chat import CharChat
@@ -438,3 +439,46 @@ def test_tool_environment_runs_calls_until_an_answer() -> None:
     unknown = env.step('<tool_call>{"name": "rm"}</tool_call>')
     assert unknown.observation == "error: unknown tool 'rm'; tools: echo" and not unknown.done
     assert env.step("ok") == Step(reward=1.0, done=True, info={"tool_calls": 2.0})
+
+
+# -- environment stop texts -------------------------------------------------------------------------
+
+
+class StopsAtHash(EchoEnv):
+    """EchoEnv whose model turns end at ``#`` as well (as a tool call ends at its closing tag)."""
+
+    stop = ("#",)
+
+
+def test_an_environment_stop_text_ends_the_model_turn_and_the_chat_closes_it(
+    model_and_engine: tuple[torch.nn.Module, GPT2RolloutEngine],
+) -> None:
+    _, engine = model_and_engine
+    hash_id = TOKENIZER.encode("#")[0]
+    assert stop_token_ids(StopsAtHash, TOKENIZER) == (hash_id,)
+    rollout = MultiTurnRollout(MultiTurnConfig(environment="test", max_tokens=64), CharChat(TOKENIZER),
+                               StopsAtHash, stops=(hash_id,))  # fmt: skip
+    try:
+        trajectories, _ = rollout.run(
+            engine, _starts(16), SamplingParams(temperature=1.0, max_new_tokens=12), pad_token_id=0,
+            generator=torch.Generator().manual_seed(1),
+        )  # fmt: skip
+    finally:
+        rollout.close()
+    turns = [turn for traj in trajectories for turn in _model_turns(traj)]
+    assert all(hash_id not in turn[:-1] for turn in turns)  # nothing sampled past a '#'
+    after_hash = [  # the token after each turn that ended at a '#'
+        traj.tokens[t + 1]
+        for traj in trajectories
+        for t in range(len(traj.tokens) - 1)
+        if traj.model_mask[t] and not traj.model_mask[t + 1] and traj.tokens[t] == hash_id
+    ]
+    assert after_hash and set(after_hash) == {EOS}  # the message opens with the <eos> the turn lacked
+
+
+def test_a_stop_text_of_several_tokens_is_refused_naming_the_key() -> None:
+    class TwoTokens(EchoEnv):
+        stop = ("##",)
+
+    with pytest.raises(GRPOConfigError, match=r"multiturn\.environment: its stop text '##' is 2 tokens"):
+        stop_token_ids(TwoTokens, TOKENIZER)

@@ -30,6 +30,7 @@ __all__ = [
     "build_multiturn",
     "load_environment",
     "register_environment",
+    "stop_token_ids",
 ]
 
 
