@@ -51,6 +51,17 @@ def test_calculator_trains_in_one_process_with_tool_tokens_in_the_trajectories(t
     assert all(s["end"] == "done" for s in tool_turns)
 
 
+def test_calculator_on_two_data_parallel_ranks_through_ray(ray_session, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Each Ray actor rank runs its own trajectories; the reward worker reads the environment's reward."""
+    rows = _fit(
+        tmp_path, *CALCULATOR, "max_steps=1", "resources.num_actor_workers=2", "resources.use_ray=true"
+    )
+    assert [r["step"] for r in rows] == [1] and rows[0]["multiturn/env_failures"] == 0
+    ends = sum(v for k, v in rows[0].items() if k.startswith("multiturn/end_"))
+    assert rows[0]["multiturn/trajectories"] == ends == 32  # both ranks' trajectories, summed
+    assert rows[0]["multiturn/env_token_frac"] > 0 and "accuracy" in rows[0]  # evaluated through Ray
+
+
 def test_multiturn_in_async_mode(tmp_path: Path) -> None:
     rows = _fit(tmp_path, *CALCULATOR, "trainer.mode=async", "max_steps=3")
     assert [r["step"] for r in rows] == [1, 2, 3]

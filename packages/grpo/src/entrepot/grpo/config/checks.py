@@ -257,10 +257,11 @@ def check_async(
 
 def check_multiturn(
     multiturn: MultiTurnConfig, rollout: RolloutConfig, algorithm: AlgorithmConfig, parallel: ParallelConfig,
-    data: DataConfig,
+    data: DataConfig, reward: RewardConfig,
 ) -> None:  # fmt: skip
     """What multi-turn rollouts do not run with is refused, naming the key: partial rollout, dynamic
-    sampling, the truncation mask, a tensor-parallel rollout; the calculator needs the addition task."""
+    sampling, the truncation mask, a tensor-parallel rollout, reward models; the calculator needs the
+    addition task."""
     if not multiturn.enabled:
         return
     why = "with multiturn.environment set"
@@ -271,6 +272,8 @@ def check_multiturn(
     check(not algorithm.mask_truncated, "algorithm.mask_truncated", True, f"false {why} ({limits})")
     waits = "the ranks of a tensor-parallel vLLM would wait for each other's environments"
     check(parallel.infer.tensor == 1, "parallel.infer.tensor", parallel.infer.tensor, f"1 {why} ({waits})")
+    judge = "the environment's reward is the reward; reward models do not read trajectories yet"
+    check(not reward.models, "reward.models", reward.models, f"empty {why} ({judge})")
     if multiturn.environment == "calculator":
         allowed = "'addition' with multiturn.environment 'calculator' (it answers addition questions)"
         check(data.task == "addition", "data.task", data.task, allowed)

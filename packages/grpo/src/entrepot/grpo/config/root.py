@@ -76,4 +76,5 @@ class GRPOConfig:
         checks.check_lora(self.model, self.engine)
         checks.check_async(self.trainer, self.resources, self.parallel, self.rollout, self.algorithm,
                            self.reward, self.model)  # fmt: skip
-        checks.check_multiturn(self.multiturn, self.rollout, self.algorithm, self.parallel, self.data)
+        checks.check_multiturn(self.multiturn, self.rollout, self.algorithm, self.parallel, self.data,
+                               self.reward)  # fmt: skip

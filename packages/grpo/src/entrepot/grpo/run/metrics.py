@@ -38,7 +38,8 @@ __all__ = [
 # Stage timings of parallel ranks overlap: the step waits for the slowest one; memory peaks likewise.
 _MAX_KEYS = ("time/", "memory/")
 _MAX_SUFFIXES = ("_max",)
-_SUM_KEYS = ("rollout_tokens", "train_tokens")
+_SUM_KEYS = ("rollout_tokens", "train_tokens", "multiturn/trajectories", "multiturn/env_failures")
+_SUM_PREFIXES = ("multiturn/end_",)  # trajectories per end reason
 _DOCK_COUNTERS = (("rows_got", "rows"), ("bytes_got", "bytes"), ("wait_s", "wait_s"))
 _MEASURED_PREFIXES = ("time/", "memory/")
 _MEASURED_SUFFIXES = ("wait_s", "per_s", "/seconds", "/gbps")
@@ -55,7 +56,8 @@ def is_measured(key: str) -> bool:
 def merge_rank_metrics(
     stage_stats: Sequence[Mapping[str, float]], update_stats: Sequence[Mapping[str, float]]
 ) -> dict[str, float]:
-    """Combine worker results: times take the max over ranks, token counts the sum, the rest the mean."""
+    """Combine worker results: times take the max over ranks, token and trajectory counts the sum, the
+    rest the mean."""
     merged: dict[str, list[float]] = {}
     for stats in [*stage_stats, *update_stats]:
         for key, value in stats.items():
@@ -64,7 +66,7 @@ def merge_rank_metrics(
     for key, values in merged.items():
         if key.startswith(_MAX_KEYS) or key.endswith(_MAX_SUFFIXES):
             out[key] = max(values)
-        elif key in _SUM_KEYS:
+        elif key in _SUM_KEYS or key.startswith(_SUM_PREFIXES):
             out[key] = sum(values)
         else:
             out[key] = sum(values) / len(values)

@@ -114,8 +114,9 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
     model directory's config and tokenizer (not its weights), checks its shape against the parallel
     layout, the longest sequence and the tokenizer, checks the reference directory and the
     reward-model directories (configs and tokenizers), reads the prompt files and reads every gold
-    answer the way the math verifiers will (`rewards.check_gold_answers`). A multi-turn run with a
-    local model checks that its chat template is append-only (`multiturn.template_check`). With `every_prompt`
+    answer the way the math verifiers will (`rewards.check_gold_answers`). A multi-turn run imports
+    its environment and, with a local model, checks that its chat template is append-only
+    (`multiturn.template_check`). With `every_prompt`
     (`train` and ``rl grpo config validate``) every prompt is also encoded under the chat template,
     in batches, so one too long for ``data.max_prompt_tokens`` is found before a run, not at the step
     that draws it.
@@ -149,6 +150,12 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
                 where = f"model.path ({config.model.path!r}) with multiturn.environment set"
                 raise TemplateError(f"{where}: {exc} (rl grpo check-template shows the check)") from None
     _check_reference(config, hf_config)
+    if config.multiturn.environment is not None:  # it imports, and its stop texts are single tokens
+        from entrepot.grpo.data.sources import build_task
+        from entrepot.grpo.multiturn import load_environment, stop_token_ids
+
+        task_tokenizer = tokenizer if tokenizer is not None else build_task(config).tokenizer
+        stop_token_ids(load_environment(config.multiturn.environment), task_tokenizer)
     if config.reward.models:
         from entrepot.grpo.engines.reward_model import check_reward_model_dir
 
