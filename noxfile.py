@@ -148,7 +148,8 @@ def unit(session: nox.Session) -> None:
 
 
 # Integration tests wait more than they compute (Ray actors and subprocesses starting, gloo worlds
-# meeting): two pytest-xdist workers halve the tier's time on the 2-core CI machine (four contend).
+# meeting): two pytest-xdist workers finish the tier sooner than one on the 2-core CI machine (four
+# contend and finish later).
 # `--dist loadfile` keeps each file on one worker, and a worker takes files in their serial order, so
 # the tests one process runs after another are those it ran after it serially (in-process megatron
 # runs leave process state behind: grpo's tests/test_megatron.py says which).

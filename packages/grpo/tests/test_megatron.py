@@ -212,14 +212,14 @@ def test_megatron_trains_asynchronously_with_the_correction(tmp_path: Path) -> N
 def test_megatron_trains_multiturn_trajectories(tmp_path: Path) -> None:
     """The calculator's multi-turn rows through the megatron engine in one process (here for the
     reason given above): the environment's tokens ride along in the forward pass, out of the loss."""
+    from tests_support_envs import CALCULATOR
+
     from entrepot.grpo.trainer import Trainer
 
     config = load_config(None, [
-        "engine.train=megatron", "data.task=addition", "data.num_digits=4", "model.max_positions=32",
-        "rollout.max_new_tokens=6", "multiturn.environment=calculator", "multiturn.max_turns=3",
-        "multiturn.max_tokens=20", "multiturn.max_observation_tokens=8", "algorithm.kl_coef=0.0",
-        "rollout.prompts_per_step=8", "rollout.n_samples_per_prompt=4", "eval.every=0", "eval.num_prompts=8",
-        "checkpoint.save_every=0", "logging.tensorboard=false", "max_steps=2", "algorithm.epochs=2",
+        *CALCULATOR, "engine.train=megatron", "rollout.prompts_per_step=8", "rollout.n_samples_per_prompt=4",
+        "eval.every=0", "eval.num_prompts=8", "checkpoint.save_every=0", "logging.tensorboard=false",
+        "max_steps=2", "algorithm.epochs=2",
     ])  # fmt: skip
     trainer = Trainer(config, tmp_path / "run")
     try:

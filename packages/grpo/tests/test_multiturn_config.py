@@ -5,13 +5,12 @@ from __future__ import annotations
 import re
 
 import pytest
+from tests_support_envs import CALCULATOR
 
 from entrepot.grpo import load_config
 from entrepot.grpo.errors import GRPOConfigError
 from entrepot.grpo.run.preflight import check_inputs
 
-CALCULATOR = ["multiturn.environment=calculator", "data.task=addition", "data.num_digits=4",
-              "model.max_positions=32", "rollout.max_new_tokens=6", "multiturn.max_tokens=20"]  # fmt: skip
 VLLM_TP2 = ["engine.rollout=vllm", "engine.train=megatron", "parallel.train.tensor=2",
             "parallel.infer.tensor=2", "resources.num_actor_workers=2"]  # fmt: skip
 

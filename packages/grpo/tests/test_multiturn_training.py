@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+from tests_support_envs import CALCULATOR
 
 from entrepot.grpo import load_config
 from entrepot.grpo.errors import EnvironmentFailure, TemplateError
@@ -20,11 +21,6 @@ from entrepot.grpo.trainer import Trainer
 
 pytestmark = pytest.mark.integration  # training runs
 
-CALCULATOR = [
-    "data.task=addition", "data.num_digits=4", "model.max_positions=32", "rollout.max_new_tokens=6",
-    "multiturn.environment=calculator", "multiturn.max_turns=3", "multiturn.max_tokens=20",
-    "multiturn.max_observation_tokens=8", "algorithm.kl_coef=0.0",
-]  # fmt: skip
 SMALL = [
     "rollout.prompts_per_step=8", "rollout.n_samples_per_prompt=4", "eval.every=0", "eval.num_prompts=8",
     "checkpoint.save_every=0", "logging.tensorboard=false",

@@ -216,11 +216,9 @@ def test_multiturn_with_vllm_keeps_the_environment_tokens_out_of_the_mismatch(tm
     """The calculator's multi-turn trajectories rolled out by vLLM, synchronously and asynchronously:
     vLLM's log-probs match the trainer's on the model's tokens (the environment's have none), and the
     trajectories carry the tool's tokens."""
-    calculator = [
-        "data.task=addition", "data.num_digits=4", "model.max_positions=32", "rollout.max_new_tokens=6",
-        "multiturn.environment=calculator", "multiturn.max_turns=3", "multiturn.max_tokens=20",
-        "multiturn.max_observation_tokens=8", "algorithm.kl_coef=0.0", "max_steps=2", "algorithm.epochs=2",
-    ]  # fmt: skip
+    from tests_support_envs import CALCULATOR
+
+    calculator = [*CALCULATOR, "max_steps=2", "algorithm.epochs=2"]
     train(load_config(None, [*LOCAL, *calculator]), tmp_path / "sync")
     rows = read_metrics(tmp_path / "sync" / "metrics.jsonl")
     assert all(r["rollout/logp_mismatch_mean"] < 1e-3 for r in rows)  # model tokens only

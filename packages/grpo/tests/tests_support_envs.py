@@ -1,8 +1,16 @@
-"""Environments the multi-turn training tests load by dotted path (``tests_support_envs:Name``)."""
+"""Environments the multi-turn training tests load by dotted path (``tests_support_envs:Name``), and the
+calculator task's overrides the multi-turn runs share."""
 
 from __future__ import annotations
 
 from entrepot.grpo.multiturn import Environment, Row, Step
+
+CALCULATOR = [
+    "data.task=addition", "data.num_digits=4", "model.max_positions=32", "rollout.max_new_tokens=6",
+    "multiturn.environment=calculator", "multiturn.max_turns=3", "multiturn.max_tokens=20",
+    "multiturn.max_observation_tokens=8", "algorithm.kl_coef=0.0",
+]  # fmt: skip
+"""The calculator task as `packages/cli/configs/calculator.yaml` sets it up, without the reference."""
 
 
 class Echo(Environment):

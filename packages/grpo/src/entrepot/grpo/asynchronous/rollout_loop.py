@@ -32,10 +32,9 @@ from entrepot.grpo.asynchronous.ledger import Ledger
 from entrepot.grpo.engines.base import RolloutEngine, SamplingParams
 from entrepot.grpo.engines.weight_sync import WeightMailbox
 from entrepot.grpo.errors import RolloutLostError, WeightSyncError
-from entrepot.grpo.multiturn import MultiTurnRollout, Row
+from entrepot.grpo.multiturn import MultiTurnRollout
 from entrepot.grpo.workers._partial_rollout import partial_round
-from entrepot.grpo.workers._rollout import MultiTurnTotals, trajectory_columns
-from entrepot.grpo.workers.reward import tensor_text
+from entrepot.grpo.workers._rollout import MultiTurnTotals, trajectory_columns, trajectory_starts
 
 __all__ = ["Admit", "RolloutLoop", "RolloutStats"]
 
@@ -231,12 +230,7 @@ class RolloutLoop:
         t0 = time.perf_counter()
         rows = torch.tensor([s.row for s in active], dtype=torch.int64)
         texts = self.dock.peek(["prompt_text", "answer"], rows, layout="packed")
-        prompt_texts, answers = (
-            [tensor_text(t) for t in torch.split(texts.columns[c], texts.lengths[c].tolist())]
-            for c in ("prompt_text", "answer")
-        )
-        starts = [(Row(p, a, s.row), s.prompt.tolist())
-                  for p, a, s in zip(prompt_texts, answers, active, strict=True)]  # fmt: skip
+        starts = trajectory_starts(texts, [s.prompt for s in active])
         trajectories, metrics = self.multiturn.run(self.engine, starts, self.sampling, pad_token_id=self.pad,
                                                    generator=self.generator)  # fmt: skip
         columns = trajectory_columns(trajectories)

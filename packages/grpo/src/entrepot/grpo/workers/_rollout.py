@@ -9,6 +9,7 @@ stage checks them against the trainer's, `LogpMismatch`).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ __all__ = [
     "partial_rollout",
     "reshard_metrics",
     "trajectory_columns",
+    "trajectory_starts",
 ]
 
 
@@ -77,12 +79,7 @@ def multiturn_rollout(
     columns = ["prompts", "prompt_text", "answer"]
     for batch in reader.batches(dock, "actor_rollout", columns, count, min_count=n, alone=True):
         prompts = torch.split(batch.columns["prompts"], batch.lengths["prompts"].tolist())
-        texts = [
-            [tensor_text(t) for t in torch.split(batch.columns[c].to(torch.uint8), batch.lengths[c].tolist())]
-            for c in ("prompt_text", "answer")
-        ]
-        starts = [(Row(p, a, int(i)), prompt.tolist())
-                  for p, a, i, prompt in zip(*texts, batch.indexes, prompts, strict=True)]  # fmt: skip
+        starts = trajectory_starts(batch, prompts)
         generator = policy.generator if base is None else batch_generator(base, batch.indexes)
         trajectories, metrics = runner.run(policy.engine, starts, policy.sampling, pad_token_id=_pad(policy),
                                            generator=generator)  # fmt: skip
@@ -110,6 +107,17 @@ class MultiTurnTotals:
     def metrics(self) -> dict[str, float]:
         rows = max(self.sums.get("multiturn/trajectories", 0.0), 1.0)
         return {key: value / rows if self._is_mean(key) else value for key, value in self.sums.items()}
+
+
+def trajectory_starts(texts: Batch, prompts: Sequence[torch.Tensor]) -> list[tuple[Row, list[int]]]:
+    """Per row of `texts` (a packed batch of the ``prompt_text`` and ``answer`` columns): the `Row` its
+    environment resets with, and its prompt's tokens (`prompts`, in the same order)."""
+    decoded = [
+        [tensor_text(t) for t in torch.split(texts.columns[c].to(torch.uint8), texts.lengths[c].tolist())]
+        for c in ("prompt_text", "answer")
+    ]
+    return [(Row(p, a, int(i)), prompt.tolist())
+            for p, a, i, prompt in zip(*decoded, texts.indexes, prompts, strict=True)]  # fmt: skip
 
 
 def trajectory_columns(trajectories: list[Trajectory]) -> dict[str, Any]:
