@@ -46,8 +46,40 @@ def _ages(rows: list[dict[str, Any]]) -> set[int]:
     }
 
 
+class _HoldUntilNewWeights:
+    """Holds the rollout thread right after it admits new prompts, until the trainer publishes newer
+    weights, whenever the trainer needs nothing more from the rollout to publish them (every group of
+    the step it trains is finished): the new responses are then mid-decode when the weights change,
+    whatever the machine's load. Each policy version is held once; a hold gives up after 60 s."""
+
+    def __init__(self, worker: Any) -> None:
+        self.worker, self.admit, self.score = worker, worker._admit, worker._score
+        self.admitted: list[list[int]] = []  # [first_row, finished] in admission order (rows are reused)
+        self.held: set[int] = set()
+        worker._admit, worker._score = self._admit, self._score
+
+    def _score(self, rows: list[int]) -> None:
+        self.score(rows)
+        firsts = set(rows[:: self.worker.config.rollout.n_samples_per_prompt])
+        for group in self.admitted:
+            if group[0] in firsts and not group[1]:
+                group[1], firsts = 1, firsts - {group[0]}
+
+    def _admit(self, groups: int, version: int) -> tuple[list[int], list[Any]]:
+        needed = self.admitted[: P * (version + 1)]  # the groups of the steps up to update version + 1
+        if version not in self.held and len(needed) == P * (version + 1) and all(g[1] for g in needed):
+            self.held.add(version)
+            deadline = time.monotonic() + 60
+            while self.worker.mailbox.latest().version <= version and time.monotonic() < deadline:
+                time.sleep(0.01)
+        first_rows, prompts = self.admit(groups, version)
+        self.admitted += [[row, 0] for row in first_rows]
+        return first_rows, prompts
+
+
 def test_async_trains_in_prompt_order_within_the_bound_and_updates_in_flight(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, "trainer.max_staleness=1", "max_steps=6")
+    _HoldUntilNewWeights(trainer.grpo_step.sampling.rollouts.workers[0])  # type: ignore[attr-defined]
     try:
         before = trainer.parameters()
         rows = trainer.fit()
