@@ -49,8 +49,16 @@ PACKAGES: dict[str, dict[str, list[str]]] = {
 BENCH_REQUIREMENTS: dict[str, list[str]] = {"grpo": ["trl==1.16.0", str(ROOT / "packages" / "cli")]}
 
 # Thread settings for every process that runs torch on a small shared machine (OpenMP spinning
-# made small jobs 5-10x slower here).
-TORCH_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+# made small jobs 5-10x slower here). Bytecode is written: uv installs none, and where the machine sets
+# PYTHONDONTWRITEBYTECODE (this one, and CI, do) every process compiled torch's modules again, ~3 s a
+# process, which the tiers' Ray actors, gloo ranks and `rl` subprocesses each paid (the dock's Ray
+# tests ran 120 s instead of 50 s). An empty value turns it off.
+TORCH_ENV = {
+    "OMP_WAIT_POLICY": "PASSIVE",
+    "OMP_NUM_THREADS": "2",
+    "MKL_NUM_THREADS": "2",
+    "PYTHONDONTWRITEBYTECODE": "",
+}
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_existing_virtualenvs = False
