@@ -24,6 +24,7 @@ __all__ = [
     "kl_penalty",
     "loss_normalizer",
     "policy_loss",
+    "row_sums",
     "sequence_kl",
     "token_weights",
 ]
@@ -91,9 +92,17 @@ def sequence_kl(
     logp: torch.Tensor, ref_logp: torch.Tensor, response_lengths: torch.Tensor, kind: KLKind
 ) -> torch.Tensor:
     """Summed per-token KL of each response (for `kl_in_reward`): [R], [R], lengths [B] -> [B]."""
-    rows = torch.repeat_interleave(torch.arange(response_lengths.numel()), response_lengths)  # [R]
-    per_token = kl_penalty(logp, ref_logp, kind)  # [R]
-    return torch.zeros(response_lengths.numel(), dtype=per_token.dtype).index_add_(0, rows, per_token)
+    return row_sums(kl_penalty(logp, ref_logp, kind), response_lengths)
+
+
+def row_sums(per_token: torch.Tensor, response_lengths: torch.Tensor) -> torch.Tensor:
+    """Each response's sum of its per-token values: [R], lengths [B] -> [B], on `per_token`'s device."""
+    device = per_token.device
+    rows = torch.repeat_interleave(torch.arange(response_lengths.numel(), device=device),
+                                   response_lengths.to(device))  # fmt: skip
+    return torch.zeros(response_lengths.numel(), dtype=per_token.dtype, device=device).index_add_(
+        0, rows, per_token
+    )
 
 
 def loss_normalizer(response_lengths: torch.Tensor, mode: LossAgg, horizon: int = 1) -> float:

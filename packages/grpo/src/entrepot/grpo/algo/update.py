@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from entrepot.grpo.algo import correction as offpolicy
-from entrepot.grpo.algo.losses import LossOutput, loss_normalizer, policy_loss, token_weights
+from entrepot.grpo.algo.losses import LossOutput, loss_normalizer, policy_loss, row_sums, token_weights
 from entrepot.grpo.algo.optim import AdamW, LRSchedule
 from entrepot.grpo.algo.sequences import ResponseBatch, packed_attention, response_logprobs, segment_index
 from entrepot.grpo.config import AlgorithmConfig, BatchingConfig, CorrectionConfig
@@ -168,9 +168,7 @@ class UpdateInputs:
         lengths = self.batch.response_lengths[rows]
         if self.model_mask is None:
             return lengths
-        mask = self.batch.select_response_values(self.model_mask, rows)
-        per_row = torch.repeat_interleave(torch.arange(rows.numel()), lengths)
-        return torch.zeros(rows.numel(), dtype=torch.int64).index_add_(0, per_row, mask.long())
+        return row_sums(self.batch.select_response_values(self.model_mask, rows).long(), lengths)
 
     @property
     def corrected(self) -> bool:
@@ -321,12 +319,13 @@ def micro_batch_loss(
     behaviour = None if not inputs.corrected else _values(inputs, inputs.behaviour_logp, picked, device)  # type: ignore[arg-type]
     lengths = sub.response_lengths
     if inputs.model_mask is not None:  # the loss sees the model's tokens only (module docstring)
-        mine = _values(inputs, inputs.model_mask, picked, device).bool()  # [R]
+        mine = inputs.batch.select_response_values(inputs.model_mask, picked).bool()  # [R]
+        lengths = row_sums(mine.long(), lengths)  # each row's model tokens
+        mine = mine.to(device)
         logp, old, advantages = logp[mine], old[mine], advantages[mine]
         ref, entropy, behaviour, kept = (
             None if t is None else t[mine] for t in (ref, entropy, behaviour, kept)
         )
-        lengths = inputs.model_lengths(picked)
     weights = token_weights(lengths, algo.loss_agg, normalizer)
     if kept is not None:
         weights = weights * kept.to(weights.dtype)

@@ -90,6 +90,7 @@ class _Batch:
         self.times = {"generate": 0.0, "env_wait": 0.0}
         self.generated = 0
         self.factory = owner.factory
+        self.turn_ends = set(owner.chat.stop_token_ids)  # the chat's end of turn (observation_ids closes it)
 
     def run(self) -> tuple[list[Trajectory], dict[str, float]]:
         for i, row in enumerate(self.rows):
@@ -210,12 +211,11 @@ class _Batch:
             out = self.engine.generate([self.trajectories[i].context() for i in members], params,
                                        pad_token_id=self.pad, generator=self.generator)  # fmt: skip
             self.times["generate"] += time.perf_counter() - t0
-            stops = set(self.chat.stop_token_ids)  # the chat's end of turn (what observation_ids closes)
             for i, tokens, logps in zip(members, out.responses(), out.response_logprobs(), strict=True):
                 ids = tokens.tolist()
                 self.trajectories[i].add_model_turn(ids, logps.float().tolist())
                 self.generated += len(ids)
-                self.stopped[i] = bool(ids) and ids[-1] in stops
+                self.stopped[i] = bool(ids) and ids[-1] in self.turn_ends
                 self._call(i, _STEP, self.chat.action_text(ids))
 
     def _metrics(self) -> dict[str, float]:

@@ -100,10 +100,10 @@ class RewardWorker:
 
     @property
     def _columns(self) -> list[str]:
+        if self.config.multiturn.enabled:  # the environment scored the trajectory: its reward, its verdict
+            return ["env_reward", "env_accuracy"]
         with_models = bool(self.config.reward.models)  # the reward-model stage's column
-        with_env = self.config.multiturn.enabled  # the environment's reward
-        return ["responses", "response_length", "answer", *([MODEL_SCORES] if with_models else []),
-                *(["env_reward", "env_accuracy"] if with_env else [])]  # fmt: skip
+        return ["responses", "response_length", "answer", *([MODEL_SCORES] if with_models else [])]
 
     def _score(self, dock: DockClient, batch: Batch) -> None:
         if self.config.multiturn.enabled:
@@ -134,11 +134,10 @@ class RewardWorker:
         )
 
     def _score_trajectories(self, dock: DockClient, batch: Batch) -> None:
-        """Multi-turn rows: the environment's reward is the rule reward (plus the reward models'), its
-        verdict the accuracy (`Trajectory.correct`)."""
-        env = batch.columns["env_reward"].float()
-        scores = env + batch.columns[MODEL_SCORES].float() if self.config.reward.models else env
-        dock.put({"rm_scores": scores, "accuracy": batch.columns["env_accuracy"].float()}, batch.indexes)
+        """Multi-turn rows: the environment's reward is the reward (the config refuses reward models
+        beside it), its verdict the accuracy (`Trajectory.correct`)."""
+        scores, accuracy = batch.columns["env_reward"].float(), batch.columns["env_accuracy"].float()
+        dock.put({"rm_scores": scores, "accuracy": accuracy}, batch.indexes)
 
     def shutdown(self) -> None:
         """Nothing to release (the group's close ends the process)."""
