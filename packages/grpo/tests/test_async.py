@@ -248,7 +248,7 @@ def test_on_ray_the_rollout_rank_gets_each_update_over_the_weight_channel(
     finally:
         trainer.close()
     assert [r["step"] for r in rows] == [1, 2, 3] and _ages(rows) <= {0, 1}
-    assert all(r["async/channel_gbps"] > 0 and r["async/publish_bytes"] > 0 for r in rows)  # the channel, not Ray
+    assert all(r["async/channel_gbps"] > 0 and r["async/publish_bytes"] > 0 for r in rows)  # not Ray
     assert _trained_prompts(tmp_path / "run") == [list(range(s * P, (s + 1) * P)) for s in range(3)]
     assert all(r["dock/ref_log_prob/rows"] == P * 4 for r in rows)  # every row of the step, once
 
