@@ -68,8 +68,8 @@ def _receiver(address: str, secret: bytes = SECRET, timeout: float = 30.0) -> We
 
 def _listening(port: int) -> list[str]:
     """Local addresses (hex, as /proc/net/tcp writes them) listening on `port`."""
-    rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
-    rows += [line.split() for line in Path("/proc/net/tcp6").read_text().splitlines()[1:]]
+    tables = [Path("/proc/net/tcp"), Path("/proc/net/tcp6")]  # (tcp6: where IPv6 is on)
+    rows = [line.split() for t in tables if t.exists() for line in t.read_text().splitlines()[1:]]
     return [r[1] for r in rows if r[3] == "0A" and int(r[1].rsplit(":", 1)[1], 16) == port]
 
 
