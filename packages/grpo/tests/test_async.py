@@ -241,14 +241,14 @@ def test_on_ray_the_rollout_rank_gets_each_update_over_the_weight_channel(
     ray_session: Any, tmp_path: Path, layout: list[str]
 ) -> None:
     """Two actor ranks (data- or tensor-parallel) and the rollout rank, each a Ray actor: rank 0 sends
-    every update's weights over the gloo channel; the reference stage reads the step's rows."""
+    every update's weights over the signed channel; the reference stage reads the step's rows."""
     trainer = _trainer(tmp_path, "resources.use_ray=true", "max_steps=3", *layout)
     try:
         rows = trainer.fit()
     finally:
         trainer.close()
     assert [r["step"] for r in rows] == [1, 2, 3] and _ages(rows) <= {0, 1}
-    assert all(r["async/channel_gbps"] > 0 and r["async/publish_bytes"] > 0 for r in rows)  # gloo, not Ray
+    assert all(r["async/channel_gbps"] > 0 and r["async/publish_bytes"] > 0 for r in rows)  # not Ray
     assert _trained_prompts(tmp_path / "run") == [list(range(s * P, (s + 1) * P)) for s in range(3)]
     assert all(r["dock/ref_log_prob/rows"] == P * 4 for r in rows)  # every row of the step, once
 

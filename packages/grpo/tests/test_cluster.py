@@ -207,7 +207,7 @@ def test_each_replica_runs_on_its_own_node_and_a_dead_worker_and_a_lost_dock_sha
 def test_async_rollout_and_training_on_different_nodes(ray_cluster: Any, tmp_path: Path) -> None:
     """entrepot-cli's configs/async-ray-cluster.yaml on the cluster (nodes started with train_node and
     rollout_node, as its header says), 3 small steps: the actor on one node, the rollout rank on the
-    other, each update's weights over the gloo weight channel between them."""
+    other, each update's weights over the signed weight channel between them."""
     from entrepot.grpo.trainer import Trainer
 
     example = Path(__file__).resolve().parents[3] / "packages" / "cli" / "configs" / "async-ray-cluster.yaml"

@@ -16,8 +16,6 @@ A plain dataclass that crosses Ray as it is, it cannot be guessed from its id (a
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -26,6 +24,7 @@ from typing import Any
 import torch
 
 from entrepot.dock._errors import LeaseError
+from entrepot.dock.signing import sign, signed
 
 ACKED = -1
 """`LeaseTable.reissue` result for a key whose lease was acked in full: nothing left to hand out."""
@@ -76,12 +75,11 @@ class LeaseTable:
 
     def sign(self, *fields: Any) -> str:
         """The dock's signature of `fields` (their repr): a lease's token, a get's receipt."""
-        return hmac.new(self._secret, repr(fields).encode(), hashlib.sha256).hexdigest()
+        return sign(self._secret, *fields)
 
     def check_issued(self, lease: Lease) -> None:
         """`LeaseError` unless this dock issued `lease` exactly as it is (any consumer, live or not)."""
-        token = lease.token if isinstance(lease.token, str) else ""
-        if not hmac.compare_digest(token, self.sign(lease.id, lease.consumer, lease.seconds, lease.key)):
+        if not signed(self._secret, lease.token, lease.id, lease.consumer, lease.seconds, lease.key):
             reason = (
                 "this dock did not issue it as given (forged, another dock's, or its consumer, seconds "
                 "or key changed)"

@@ -7,7 +7,6 @@ Each takes the table as an argument, so the state is declared once, here, where 
 
 from __future__ import annotations
 
-import secrets
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,6 +19,7 @@ from entrepot.dock._errors import UnknownColumnError, UnknownConsumerError
 from entrepot.dock._leases import LeaseTable
 from entrepot.dock._select import advance_watermark
 from entrepot.dock._taken import Taken
+from entrepot.dock.signing import new_secret
 
 Store = SequenceColumn | ScalarColumn
 
@@ -61,7 +61,7 @@ class DockTable:
         self.column_index = {name: i for i, name in enumerate(self.columns)}
         self.consumer_index = {name: i for i, name in enumerate(self.consumers)}
         self.cond = threading.Condition(threading.RLock())
-        self.lease_secret = secrets.token_bytes(32)  # signs this dock's leases (see _leases)
+        self.lease_secret = new_secret()  # signs this dock's leases (see _leases)
         self.reset()
 
     def reset(self) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from entrepot.dock.signing import new_secret
 from entrepot.grpo.asynchronous.ledger import Group, Taken
 from entrepot.grpo.asynchronous.rollout_loop import RolloutStats
 from entrepot.grpo.asynchronous.worker import RolloutWorker
@@ -41,12 +42,14 @@ class AsyncSampling:
 
     Attributes:
         channel: ``host:port`` of the weight channel (Ray runs); None: weights handed over in-process.
+        secret: the run's secret its messages are signed with, made here and given to both ends by Ray.
     """
 
     config: GRPOConfig
     cluster: Any
     rollouts: WorkerGroup[RolloutWorker]
     channel: str | None = None
+    secret: bytes = field(default=b"", repr=False)
     started: bool = False
     log_probs_after: bool = True
     behaviour_ratio: bool = True
@@ -75,11 +78,11 @@ class AsyncSampling:
             )  # fmt: skip
             actors = cluster.actors.placement
             host = "127.0.0.1" if placement.nodes[0] == actors.nodes[0] else actors.nodes[0].ip
-            channel = f"{host}:{actors.free_port(host)}"
+            channel, secret = f"{host}:{actors.free_port(host)}", new_secret()
             group = RayWorkerGroup(
-                RolloutWorker, placement, lambda rank: (config, rank, channel), concurrency=4
+                RolloutWorker, placement, lambda rank: (config, rank, channel, secret), concurrency=4
             )
-            sampling = AsyncSampling(config, cluster, group, channel)
+            sampling = AsyncSampling(config, cluster, group, channel, secret)
         sampling._wait([sampling.rollouts.call(RolloutWorker.ready)])
         return sampling
 
@@ -88,7 +91,7 @@ class AsyncSampling:
         trainer = self.config.trainer
         placement = getattr(self.rollouts, "placement", None)
         where = placement.describe() if placement is not None else "rollout rank 0 on a thread here"
-        how = f"gloo weight channel at {self.channel}" if self.channel else "weights handed over in memory"
+        how = f"signed weight channel at {self.channel}" if self.channel else "weights handed over in memory"
         return (f"asynchronous: {where}; {how}; max_staleness {trainer.max_staleness} "
                 f"({trainer.staleness_policy})")  # fmt: skip
 
@@ -183,7 +186,7 @@ class AsyncSampling:
             return {"async/publish_s": published.seconds, "async/publish_bytes": float(published.nbytes)}
         timeout = self.config.trainer.weight_sync_timeout_s
         sent, received = self._wait([
-            self.cluster.actors.call(ActorWorker.send_weights, version, self.channel),
+            self.cluster.actors.call(ActorWorker.send_weights, version, self.channel, self.secret),
             self.rollouts.call(RolloutWorker.receive_from_trainer, version),
         ], timeout)  # fmt: skip
         nbytes = float(sent[0])

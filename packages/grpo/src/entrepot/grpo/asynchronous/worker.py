@@ -21,7 +21,8 @@ from entrepot.grpo.asynchronous.rollout_loop import RolloutLoop, RolloutStats
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.data.sources import encode_prompt
 from entrepot.grpo.embedded.threads import configure_threads
-from entrepot.grpo.engines.weight_sync import PublishedWeights, WeightChannel, WeightMailbox
+from entrepot.grpo.engines.weight_channel import WeightChannel
+from entrepot.grpo.engines.weight_sync import PublishedWeights, WeightMailbox
 from entrepot.grpo.errors import RolloutLostError
 from entrepot.grpo.workers import RewardWorker, prompt_extras
 from entrepot.grpo.workers.ranks import RankInfo
@@ -36,11 +37,18 @@ class RolloutWorker:
         config: the run's config.
         rank: its place (one rollout rank).
         channel: ``host:port`` of the trainer's weight channel (Ray runs); None in one process.
+        secret: the run's secret the channel's messages are signed with (given with `channel`).
     """
 
     role = "rollout"
 
-    def __init__(self, config: GRPOConfig, rank: RankInfo | None = None, channel: str | None = None) -> None:
+    def __init__(
+        self,
+        config: GRPOConfig,
+        rank: RankInfo | None = None,
+        channel: str | None = None,
+        secret: bytes = b"",
+    ) -> None:
         import torch
 
         from entrepot.grpo.engines.policy import initial_model
@@ -56,7 +64,7 @@ class RolloutWorker:
         trainer = config.trainer
         self.ledger = Ledger(config.rollout.prompts_per_step, trainer.max_staleness, trainer.staleness_policy)
         self.mailbox = WeightMailbox(timeout=trainer.weight_sync_timeout_s)
-        self.channel_address = channel
+        self.channel_address, self._secret = channel, secret
         self._channel: WeightChannel | None = None
         self.loop: RolloutLoop | None = None
         self._dock: Any = None
@@ -101,8 +109,8 @@ class RolloutWorker:
         if self._channel is None:
             assert self.channel_address is not None  # Ray runs give the address
             self._channel = WeightChannel(
-                self.channel_address, sender=False, timeout=self.config.trainer.weight_sync_timeout_s,
-                source="actor rank 0", target=self.name,
+                self.channel_address, self._secret, sender=False,
+                timeout=self.config.trainer.weight_sync_timeout_s, source="actor rank 0", target=self.name,
             )  # fmt: skip
         weights = self._channel.receive(version)
         self.mailbox.put(weights)

@@ -46,12 +46,10 @@ def _build_torch(*args: Any) -> TrainSide:
 def _start_torch(config: Any, rank: int, world_size: int, model_parallel: int, dist_init: str) -> None:
     """Data-parallel ranks share one process group (the update sums gradients over it)."""
     if world_size > 1:
-        import torch.distributed as dist
-
         from entrepot.grpo.algo.update import process_group_backend
+        from entrepot.grpo.engines.rendezvous import join_world
 
-        dist.init_process_group(process_group_backend(config.engine.device), init_method=dist_init,
-                                rank=rank, world_size=world_size)  # fmt: skip
+        join_world(process_group_backend(config.engine.device), dist_init, rank, world_size)
 
 
 def _start_megatron(config: Any, rank: int, world_size: int, model_parallel: int, dist_init: str) -> Any:

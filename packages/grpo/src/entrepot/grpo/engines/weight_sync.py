@@ -5,7 +5,8 @@ The trainer publishes each update's weights (inference layout, as the resharder 
 bucket (`entrepot.resharding.checksums`). A published version is never written again, so the rollout
 reads it while the trainer already trains the next one; the rollout verifies the buckets' checksums
 before it loads them, and a mismatch or a load past the timeout is a `WeightSyncError` naming both
-ranks. In one process the buckets are ordinary tensors both threads see.
+ranks. In one process the buckets are ordinary tensors both threads see; between processes they go
+over a signed socket (`weight_channel.WeightChannel`).
 """
 
 from __future__ import annotations
@@ -128,73 +129,3 @@ class WeightMailbox:
                     raise InterruptedError("stopped")
                 self._cond.wait(min(left, 0.1))
             return self._latest
-
-
-class WeightChannel:
-    """Published weights from the trainer's rank 0 to a rollout rank in another process (or node).
-
-    A pair of ranks: the sender (rank 0) hosts a TCPStore at `address`, the receiver (rank 1) joins it.
-    Each version's header (its buckets' dtypes and sizes, the tensors' places, the checksums) goes
-    through the store under ``weights/<version>``; the buckets go by gloo broadcast (NCCL is the
-    accelerator's equivalent, not wired here). Every wait is bounded by `timeout`; a peer that does not
-    come, or a transfer that fails, is a `WeightSyncError` naming both ranks.
-
-    Args:
-        address: ``host:port`` of the store (on the sender's node).
-        sender: this end sends (True) or receives.
-        timeout: seconds any wait may take.
-        source, target: the two ranks' names, for errors.
-    """
-
-    def __init__(self, address: str, *, sender: bool, timeout: float, source: str, target: str) -> None:
-        import datetime
-
-        import torch.distributed as dist
-
-        self.source, self.target, self.sender, self.timeout = source, target, sender, timeout
-        host, port = address.rsplit(":", 1)
-        wait = datetime.timedelta(seconds=timeout)
-        try:
-            self._store = dist.TCPStore(host, int(port), 2, sender, timeout=wait)
-            self._group = dist.ProcessGroupGloo(self._store, 0 if sender else 1, 2, wait)
-        except Exception as error:  # the peer never came, the port is taken
-            raise WeightSyncError(source, target, -1, f"could not connect at {address}: {error}") from None
-
-    def send(self, weights: PublishedWeights) -> float:
-        """Send `weights` (the receiver calls `receive` with the same version); seconds it took."""
-        import pickle
-
-        t0 = time.perf_counter()
-        header = ([(str(b.dtype), b.numel()) for b in weights.buckets], dict(weights.places), weights.sums)
-        self._store.set(f"weights/{weights.version}", pickle.dumps(header))  # type: ignore[arg-type]
-        self._broadcast(weights.version, weights.buckets)
-        return time.perf_counter() - t0
-
-    def receive(self, version: int) -> PublishedWeights:
-        """Version `version`'s weights, in fresh buckets (their checksums are checked when loaded)."""
-        import pickle
-
-        t0 = time.perf_counter()
-        key = f"weights/{version}"
-        try:
-            shapes, places, sums = pickle.loads(self._store.get(key))
-        except Exception as error:
-            raise WeightSyncError(self.source, self.target, version, f"no header: {error}") from None
-        buckets = tuple(
-            torch.empty(size, dtype=getattr(torch, dtype.split(".")[-1])) for dtype, size in shapes
-        )
-        self._broadcast(version, buckets)
-        self._store.delete_key(key)
-        return PublishedWeights(version, buckets, sums, places, time.perf_counter() - t0)
-
-    def _broadcast(self, version: int, buckets: tuple[torch.Tensor, ...]) -> None:
-        import datetime
-
-        import torch.distributed as dist
-
-        try:
-            for bucket in buckets:
-                work = self._group.broadcast([bucket], dist.BroadcastOptions())  # type: ignore[attr-defined]
-                work.wait(datetime.timedelta(seconds=self.timeout))
-        except Exception as error:  # gloo: a timeout or a peer gone
-            raise WeightSyncError(self.source, self.target, version, f"broadcast failed: {error}") from None

@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from entrepot.grpo.engines.policy import Policy
-    from entrepot.grpo.engines.weight_sync import PublishedWeights, WeightChannel
+    from entrepot.grpo.engines.weight_channel import WeightChannel
+    from entrepot.grpo.engines.weight_sync import PublishedWeights
 
 __all__ = ["WeightOut"]
 
@@ -38,15 +39,17 @@ class WeightOut:
             del weights
             manager.resharder.destroy_buffers()
 
-    def send(self, version: int, channel: str) -> int:
-        """Publish and send `version` to the rollout rank over the channel at ``host:port``; bytes sent."""
+    def send(self, version: int, channel: str, secret: bytes) -> int:
+        """Publish and send `version` to the rollout rank over the channel at ``host:port`` (signed with
+        the run's `secret`); bytes sent."""
         weights = self.publish(version)
         if weights is None:
             return 0
         if self._channel is None:
-            from entrepot.grpo.engines.weight_sync import WeightChannel
+            from entrepot.grpo.engines.weight_channel import WeightChannel
 
-            self._channel = WeightChannel(channel, sender=True, timeout=self.timeout, source=self.name,
-                                          target="rollout rank 0")  # fmt: skip
+            self._channel = WeightChannel(
+                channel, secret, sender=True, timeout=self.timeout, source=self.name, target="rollout rank 0"
+            )
         self._channel.send(weights)
         return weights.nbytes

@@ -334,9 +334,10 @@ class ActorWorker(ActorInspection):
         """This rank's weights as `version` for the asynchronous rollout (`_weight_out.WeightOut`)."""
         return self.weights_out.publish(version)
 
-    def send_weights(self, version: int, channel: str) -> int:
-        """Send them over the weight channel at `channel` (Ray); the bytes sent (0 but on rank 0)."""
-        return self.weights_out.send(version, channel)
+    def send_weights(self, version: int, channel: str, secret: bytes) -> int:
+        """Send them over the weight channel at `channel`, signed with the run's `secret` (Ray); the bytes
+        sent (0 but on rank 0)."""
+        return self.weights_out.send(version, channel, secret)
 
     def export_hf(self, directory: str) -> None:
         """Rank 0 writes the policy as an HF model directory (every rank joins the resharding)."""

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from entrepot.grpo.algo.update import process_group_backend
 from entrepot.grpo.config import TrainParallelConfig
-from entrepot.grpo.engines.rendezvous import free_local_port
+from entrepot.grpo.engines.rendezvous import free_local_port, join_world
 
 __all__ = ["init_model_parallel"]
 
@@ -32,7 +32,7 @@ def init_model_parallel(
     if not dist.is_initialized():
         init = dist_init or f"tcp://127.0.0.1:{free_local_port()}"
         backend = process_group_backend(device)
-        dist.init_process_group(backend, init_method=init, rank=rank, world_size=world_size)
+        join_world(backend, init, rank, world_size)
     from megatron.core import parallel_state as mpu
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
