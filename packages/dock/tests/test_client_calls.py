@@ -14,11 +14,13 @@ from entrepot.dock import DockError, GRPODockClient, NotOnClientError
 from entrepot.dock.ray import RayDockClient
 from entrepot.dock.sharded import ShardedDockClient
 
-CLIENTS = [RayDockClient, ShardedDockClient]
+CLIENTS: list[type[RayDockClient] | type[ShardedDockClient]] = [RayDockClient, ShardedDockClient]
 
 
 @pytest.mark.parametrize("cls", CLIENTS)
-def test_every_call_of_the_protocol_is_on_the_client(cls: type) -> None:
+def test_every_call_of_the_protocol_is_on_the_client(
+    cls: type[RayDockClient] | type[ShardedDockClient],
+) -> None:
     calls = [name for name in dir(GRPODockClient) if not name.startswith("_")]
     assert "put_prompts" in calls and "load" in calls
     assert [name for name in calls if not hasattr(cls, name)] == []
@@ -28,7 +30,9 @@ def test_every_call_of_the_protocol_is_on_the_client(cls: type) -> None:
 @pytest.mark.parametrize(
     ("name", "hint"), [("load_state_dict", "load(path)"), ("state_dict", "save(path)"), ("capacity", "")]
 )
-def test_a_call_not_on_the_client_is_a_typed_error_listing_its_calls(cls: type, name: str, hint: str) -> None:
+def test_a_call_not_on_the_client_is_a_typed_error_listing_its_calls(
+    cls: type[RayDockClient] | type[ShardedDockClient], name: str, hint: str
+) -> None:
     client = cls.__new__(cls)
     with pytest.raises(
         NotOnClientError, match=rf"{cls.__name__} has no '{name}': the call is not on the client"
