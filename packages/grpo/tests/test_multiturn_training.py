@@ -64,7 +64,9 @@ def test_multiturn_in_async_mode(tmp_path: Path) -> None:
     assert [r["step"] for r in rows] == [1, 2, 3]
     ages = {k for r in rows for k, v in r.items() if k.startswith("async/tokens_age_") and v}
     assert ages and ages <= {"async/tokens_age_0", "async/tokens_age_1"}
-    assert sum(r["async/weight_loads"] for r in rows) >= 3
+    versions = [r["async/rollout_version"] for r in rows]  # each version loaded or skipped for a newer
+    assert sum(r["async/weight_loads"] + r["async/weight_versions_skipped"] for r in rows) == versions[-1] + 1
+    assert versions == sorted(versions) and versions[-1] >= 3 - 1 - 1
     assert all("offpolicy/is_weight_mean" in r for r in rows)  # the correction over the model's tokens
 
 
