@@ -291,7 +291,9 @@ def test_several_ranks_generate_with_vllm(ray_session: Any, tmp_path: Path, layo
         trainer.close()
         for path in leftovers:
             path.unlink(missing_ok=True)
-    assert _vllm_shm_names() - shm_before == set()  # the killed ranks left no shared memory behind
+    # the killed ranks left no shared memory behind: a new name no live process maps (another run on
+    # this machine maps its own, so they are not counted)
+    assert _unmapped(_vllm_shm_names() - shm_before) == set()
     assert [i["rollout_tensor_parallel"] for i in infos] == [config.parallel.infer.tensor] * 2
     rows = read_metrics(run / "metrics.jsonl")
     assert len(rows) == 3 and all(r["rollout/logp_mismatch_max"] < 1e-4 for r in rows)
@@ -301,6 +303,18 @@ def test_several_ranks_generate_with_vllm(ray_session: Any, tmp_path: Path, layo
         evaluated = evaluate(run, num_prompts=32)
         assert evaluated["step"] == 3
         assert abs(evaluated["eval_reward"] - rows[-1]["eval_reward"]) < 1e-6  # torch engine == vLLM
+
+
+def _unmapped(names: set[str]) -> set[str]:
+    """The /dev/shm `names` that no process of this user maps (Linux /proc; the others are in use)."""
+    mapped: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            lines = maps.read_text().splitlines()
+        except OSError:  # gone, or another user's
+            continue
+        mapped.update(line.rsplit("/dev/shm/", 1)[1] for line in lines if "/dev/shm/" in line)
+    return names - mapped
 
 
 def _vllm_shm_names() -> set[str]:
