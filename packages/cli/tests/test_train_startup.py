@@ -80,11 +80,14 @@ def test_the_summary_counts_time_from_the_process_start_and_a_hung_tool_does_not
                                env=env, cwd=tmp_path)  # fmt: skip
     assert process.stdout is not None
     first_step_at, lines = None, []
+    wall_read_at = last_line_at = 0.0  # when the wall time line, and the last line, were read
     try:
         for line in process.stdout:
             lines.append(line)
             if line.startswith("started in "):  # printed as the first step begins
                 first_step_at = time.perf_counter() - started
+            if "wall time (this invocation)" in line:
+                wall_read_at = time.perf_counter() - started
             last_line_at = time.perf_counter()
         assert process.wait(timeout=60) == 0, "".join(lines)
     finally:
@@ -102,7 +105,12 @@ def test_the_summary_counts_time_from_the_process_start_and_a_hung_tool_does_not
 
     assert first_step_at is not None, output
     assert seconds("start-up (this invocation)") >= first_step_at - 0.15  # shown to 0.1 s
-    assert abs(seconds("wall time (this invocation)") - measured) < 1.0
+    # The wall time counts the start-up and the steps, and ends before the line that shows it was read
+    # (a bound on both sides by cause: a fixed margin to the exit failed under load, the table taking
+    # 1.9-2.1 s to print beside a CPU-bound neighbour; the exit itself is checked above).
+    wall = seconds("wall time (this invocation)")
+    assert seconds("start-up (this invocation)") + seconds("training time (all steps)") - 0.15 <= wall
+    assert wall <= wall_read_at + 0.05
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert (run_dir / "engines.log").is_file()
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
