@@ -205,7 +205,9 @@ def test_async_training_reloads_vllm_between_chunks(tmp_path: Path) -> None:
         trainer.close()
     assert type(engine).__name__ == "VllmRolloutEngine"
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
-    assert sum(r["async/weight_loads"] for r in rows) >= 4  # every update reached vLLM
+    versions = [r["async/rollout_version"] for r in rows]  # each version loaded or skipped for a newer
+    assert sum(r["async/weight_loads"] + r["async/weight_versions_skipped"] for r in rows) == versions[-1] + 1
+    assert versions == sorted(versions) and versions[-1] >= 4 - 1 - 1  # within the bound (max_staleness 1)
     ages = {k for r in rows for k, v in r.items() if k.startswith("async/tokens_age_") and v}
     assert ages <= {"async/tokens_age_0", "async/tokens_age_1"}
     assert all(0.0 < r["offpolicy/is_weight_mean"] <= 2.0 for r in rows)  # tis over vLLM's log-probs
