@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from entrepot.cli.app import app
 from entrepot.grpo.config import GRPOConfig, config_to_dict, load_config
 
-SHIPPED = sorted(p.name for p in (Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+SHIPPED = sorted(p.name for p in CONFIGS.glob("*.yaml"))
 
 
 def test_show_without_arguments_prints_the_embedded_default(runner: CliRunner) -> None:
@@ -150,3 +151,29 @@ def test_validate_refuses_configs_that_cannot_start(
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], result.stderr
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        (
+            "reward.accuracy_verifier=mathh",
+            "reward.accuracy_verifier ('mathh') is not a known verifier; known: ",
+        ),
+        (
+            "reward.verifiers={mathh: 1.0}",
+            "reward.verifiers.mathh ('mathh') is not a known verifier; known: ",
+        ),
+    ],
+)
+def test_validate_refuses_a_verifier_name_no_registry_knows(
+    runner: CliRunner, override: str, expected: str
+) -> None:
+    """Issue 58: a misspelt name passed validate and failed only once the trainer and workers ran."""
+    from entrepot.grpo.data.rewards import available_verifiers
+
+    result = runner.invoke(app, ["grpo", "config", "validate", str(CONFIGS / "default.yaml"), override])
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: {expected}") and "exact_match" in line
+    assert ", ".join(available_verifiers()) in line

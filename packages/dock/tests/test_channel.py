@@ -8,7 +8,16 @@ import pytest
 import torch
 
 from entrepot.dock import InvalidArgumentError
-from entrepot.dock._channel import DIRECTORY, MIN_CAPACITY, attach, capacity_for, create, unlink
+from entrepot.dock._channel import (
+    DIRECTORY,
+    MIN_CAPACITY,
+    attach,
+    capacity_for,
+    create,
+    names_made_by,
+    new_name,
+    unlink,
+)
 from entrepot.dock._channel_table import ChannelTable
 
 
@@ -33,13 +42,13 @@ def test_the_actor_maps_only_a_channel_file_of_this_user_and_size(channel, tmp_p
             attach(name, MIN_CAPACITY)
     with pytest.raises(InvalidArgumentError, match=f"is not a {2 * MIN_CAPACITY}-byte file"):
         attach(channel.name, 2 * MIN_CAPACITY)
-    missing = "entrepot-dock-channel-" + "0" * 32
+    missing = f"entrepot-dock-channel-{os.getpid()}-" + "0" * 32
     with pytest.raises(InvalidArgumentError, match="cannot be opened"):
         attach(missing, MIN_CAPACITY)
     assert not os.path.exists(os.path.join(DIRECTORY, missing))  # nothing was created by the attempt
     target = tmp_path / "target"
     target.write_bytes(b"\0" * MIN_CAPACITY)
-    link = "entrepot-dock-channel-" + "1" * 32
+    link = f"entrepot-dock-channel-{os.getpid()}-" + "1" * 32
     os.symlink(target, os.path.join(DIRECTORY, link))
     try:
         with pytest.raises(InvalidArgumentError, match="cannot be opened"):
@@ -80,3 +89,23 @@ def test_capacity_leaves_room_to_grow_in_whole_mib():
     assert capacity_for(0) == MIN_CAPACITY
     assert capacity_for(MIN_CAPACITY) == 2 * MIN_CAPACITY  # 1.5 MiB rounded up
     assert capacity_for(10 * MIN_CAPACITY) == 15 * MIN_CAPACITY
+
+
+def test_names_say_whose_they_are_and_a_process_counts_only_its_own():
+    """Issue 58: a test's check for leftovers found another run's channel in /dev/shm and failed."""
+    others = [f"entrepot-dock-channel-{os.getpid() + 1}-" + "2" * 32, f"entrepot-dock-link-1-{'3' * 32}"]
+    for name in others:  # what another run on this machine has there
+        open(os.path.join(DIRECTORY, name), "x").close()
+    try:
+        before = names_made_by(os.getpid())
+        channel = create(MIN_CAPACITY)
+        assert channel.name.startswith(f"entrepot-dock-channel-{os.getpid()}-")
+        assert new_name("link").startswith(f"entrepot-dock-link-{os.getpid()}-")
+        assert names_made_by(os.getpid()) == sorted([*before, channel.name])
+        unlink(channel)
+        assert names_made_by(os.getpid()) == before
+        assert all(os.path.exists(os.path.join(DIRECTORY, name)) for name in others)  # untouched
+        assert names_made_by(os.getpid() + 1) == others[:1]
+    finally:
+        for name in others:
+            os.unlink(os.path.join(DIRECTORY, name))

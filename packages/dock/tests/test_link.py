@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from entrepot.dock import InvalidArgumentError, UnknownColumnError, _link
-from entrepot.dock._channel import DIRECTORY, MIN_CAPACITY, create, unlink
+from entrepot.dock._channel import DIRECTORY, MIN_CAPACITY, create, names_made_by, unlink
 from entrepot.dock._channel_table import ChannelTable
 
 
@@ -21,7 +21,8 @@ def _pair(handler, on_close=lambda: None):
 
 
 def _leftovers() -> list[str]:
-    return [name for name in os.listdir(DIRECTORY) if name.startswith("entrepot-dock-link-")]
+    """The names this process made that are still there (not another run's on this machine)."""
+    return names_made_by(os.getpid())
 
 
 def test_calls_return_results_and_raise_the_handlers_errors_as_themselves():
@@ -91,9 +92,9 @@ def test_connect_refuses_what_listen_did_not_make(tmp_path):
     with pytest.raises(InvalidArgumentError, match="not a dock link name"):
         _link.connect("../etc/passwd")
     with pytest.raises(InvalidArgumentError, match="cannot be found"):
-        _link.connect("entrepot-dock-link-" + "0" * 32)
+        _link.connect(f"entrepot-dock-link-{os.getpid()}-" + "0" * 32)
     channel = create(MIN_CAPACITY)  # a regular file under a link's kind of name
-    fake = "entrepot-dock-link-" + channel.name.rsplit("-", 1)[1]
+    fake = channel.name.replace("-channel-", "-link-")
     os.link(os.path.join(DIRECTORY, channel.name), os.path.join(DIRECTORY, fake))
     try:
         with pytest.raises(InvalidArgumentError, match="not a socket of this user"):

@@ -16,7 +16,7 @@ ray = pytest.importorskip("ray")
 from tests_support_ray import kill_and_wait  # noqa: E402
 
 from entrepot.dock import DockShardLostError, ExperienceDock, UnknownColumnError  # noqa: E402
-from entrepot.dock._channel import DIRECTORY  # noqa: E402
+from entrepot.dock._channel import names_made_by  # noqa: E402
 from entrepot.dock.sharded import ShardedDockClient  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("local_ray")]  # a Ray of 2 CPUs (conftest)
@@ -37,9 +37,8 @@ def _same_batch(got, want) -> None:
 
 
 def _leftovers() -> list[str]:
-    return [
-        n for n in os.listdir(DIRECTORY) if n.startswith(("entrepot-dock-channel-", "entrepot-dock-link-"))
-    ]
+    """The names this process's clients made that are still there (not another run's on this machine)."""
+    return names_made_by(os.getpid())
 
 
 def test_puts_and_gets_through_each_shards_channel_match_one_dock():

@@ -53,7 +53,8 @@ def ray_session(_ray_of_the_session):  # type: ignore[no-untyped-def]
         with pytest.MonkeyPatch.context() as patch:  # only Ray's processes, started here, see them
             for key, value in env.items():
                 patch.setenv(key, value)
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+            # "local": never a cluster that `ray start` recorded on this machine (another user's run)
+            ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
         _STARTED[:] = [ray.get_runtime_context().gcs_address]
     yield ray
     if not _all_cpus_free(ray):

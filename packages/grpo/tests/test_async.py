@@ -91,7 +91,13 @@ def test_async_trains_in_prompt_order_within_the_bound_and_updates_in_flight(tmp
     # wait policy: step s trains the s-th batch of prompts drawn, each prompt once
     assert _trained_prompts(tmp_path / "run") == [list(range(s * P, (s + 1) * P)) for s in range(6)]
     assert _ages(rows) <= {0, 1} and 1 in _ages(rows)  # one version behind at most, and it ran ahead
-    assert sum(r["async/weight_loads"] for r in rows) >= 6  # every update reached the rollout
+    # Every version up to the rollout's was loaded or, published while it was busy, skipped for a newer
+    # one (the mailbox keeps the newest only), and the version it holds at the last step is within the
+    # bound; a load after the last step's figures is not counted. So the number of loads depends on the
+    # timing (issue 58 saw 5, not >= 6, at load 12-22) and is not asserted.
+    versions = [r["async/rollout_version"] for r in rows]
+    assert versions == sorted(versions) and versions[-1] >= 6 - 1 - 1
+    assert sum(r["async/weight_loads"] + r["async/weight_versions_skipped"] for r in rows) == versions[-1] + 1
     assert sum(r["async/in_flight_updates"] for r in rows) >= 1  # responses continued under new weights
     assert all(0.0 < r["offpolicy/is_weight_mean"] <= 2.0 for r in rows)  # tis, cap 2: on by default
     assert all(r["async/weight_sync_gbps"] > 0 for r in rows if r["async/weight_loads"])

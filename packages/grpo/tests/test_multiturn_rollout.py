@@ -5,6 +5,8 @@ hold, environment calls overlap, and the built-in calculator and tool helpers an
 from __future__ import annotations
 
 import asyncio
+import math
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,7 +37,9 @@ from entrepot.grpo.multiturn import (
 )
 from entrepot.grpo.multiturn.calculator import ERROR, CalculatorEnv, add
 from entrepot.grpo.multiturn.chat import CharChat
-from entrepot.grpo.multiturn.tools import parse_hermes_call, run_tool
+from entrepot.grpo.multiturn.env_calls import EnvCalls
+from entrepot.grpo.multiturn.environment import step_problem
+from entrepot.grpo.multiturn.tools import MAX_TOOL_CALLS, TOOL_CALLS, parse_hermes_call, run_tool
 
 TOKENIZER = CharTokenizer(MULTITURN_ALPHABET)
 EOS = TOKENIZER.eos_token_id
@@ -182,7 +186,8 @@ def test_behaviour_logprobs_equal_a_fresh_forward_of_the_whole_trajectory(model_
 
 
 class FlakyEnv(Environment):
-    """Row 10 is healthy (reward 0.75), row 11 raises, row 12 hangs, row 13 answers a dict."""
+    """Row 10 is healthy (reward 0.75), row 11 raises, row 12 hangs, row 13 answers a dict, row 14 a
+    str in its info, row 15 a NaN verdict with reward 1 (issue 58: a crash, and a false success)."""
 
     def reset(self, row: Row) -> None:
         self.row = row
@@ -195,24 +200,67 @@ class FlakyEnv(Environment):
             time.sleep(1.0)
         if kind == 3:
             return {"reward": 1.0, "done": True}
+        if kind == 4:
+            return Step(reward=1.0, done=True, info={"x": "str"})  # type: ignore[dict-item]
+        if kind == 5:
+            return Step(reward=1.0, done=True, info={"correct": float("nan")})
         return Step(reward=0.75, done=True)
 
 
 def test_a_failing_environment_ends_only_its_trajectory(model_and_engine) -> None:  # type: ignore[no-untyped-def]
     _, engine = model_and_engine
     t0 = time.perf_counter()
-    trajs, metrics = _run(engine, FlakyEnv, count=4, env_timeout_s=0.2)
+    trajs, metrics = _run(engine, FlakyEnv, count=6, env_timeout_s=0.2)
     assert time.perf_counter() - t0 < 0.9  # the hung call is abandoned, not waited for
     assert [t.end for t in trajs] == [
-        EndReason.DONE, EndReason.ENV_ERROR, EndReason.ENV_TIMEOUT, EndReason.ENV_MALFORMED
+        EndReason.DONE, EndReason.ENV_ERROR, EndReason.ENV_TIMEOUT, *[EndReason.ENV_MALFORMED] * 3
     ]  # fmt: skip
     assert trajs[0].reward == 0.75
     assert "the sandbox is gone" in trajs[1].detail and "RuntimeError" in trajs[1].detail
     assert "0.2 s" in trajs[2].detail and "dict" in trajs[3].detail
+    assert "info['x'] 'str', not a finite number" in trajs[4].detail
+    assert "info['correct'] nan, not a finite number" in trajs[5].detail
     assert all(t.turns == 1 for t in trajs) and all(t.reward == 0.0 for t in trajs[1:])
-    assert metrics["multiturn/env_failures"] == 3.0
+    assert [t.correct for t in trajs] == [False] * 6  # reward 0.75 < 1; the failures are never correct
+    assert metrics["multiturn/env_failures"] == 5.0
     assert metrics["multiturn/end_env_error"] == metrics["multiturn/end_env_timeout"] == 1.0
-    assert metrics["multiturn/end_env_malformed"] == metrics["multiturn/end_done"] == 1.0
+    assert metrics["multiturn/end_env_malformed"] == 3.0 and metrics["multiturn/end_done"] == 1.0
+    assert all(math.isfinite(v) for v in metrics.values()) and "env/x" not in metrics
+
+
+@pytest.mark.parametrize(
+    ("step", "problem"),
+    [
+        (Step(reward=1.0, done=True, info={"x": "str"}), "info['x'] 'str', not a finite number"),  # type: ignore[dict-item]
+        (Step(done=True, info={"correct": float("nan")}), "info['correct'] nan, not a finite number"),
+        (Step(done=True, info={"n": float("inf")}), "info['n'] inf, not a finite number"),
+        (Step(done=True, info={"n": None}), "info['n'] None, not a finite number"),  # type: ignore[dict-item]
+        (Step(done=True, info={"correct": 0.5}), "info['correct'] 0.5, not 0 or 1"),
+        (Step(done=True, info={"correct": 2}), "info['correct'] 2, not 0 or 1"),
+        (Step(done=True, info={1: 1.0}), "info key 1, not a str"),  # type: ignore[dict-item]
+        (Step(done=True, info=[("x", 1.0)]), "info of type list, not a mapping"),  # type: ignore[arg-type]
+        (Step(reward=float("nan"), done=True), "reward nan, not a finite number"),
+        (Step(reward="1", done=True), "reward '1', not a finite number"),  # type: ignore[arg-type]
+        (Step(done="yes"), "done 'yes', not a bool"),  # type: ignore[arg-type]
+        (Step(observation=None), "observation None without done"),
+        (Step(observation="x", role=None), "role None, not a str"),  # type: ignore[arg-type]
+        ({"reward": 1.0, "done": True}, "a dict, not a Step"),
+    ],
+)
+def test_step_problem_names_the_field_and_value(step: Any, problem: str) -> None:
+    assert problem in step_problem(step)
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        Step(observation="7"),
+        Step(reward=1, done=True, info={"correct": True, "tool_calls": 2}),  # ints and bools are numbers
+        Step(reward=0.5, done=True, info={"correct": 0.0, "score": -3.5}),
+    ],
+)
+def test_a_step_that_keeps_the_contract_has_no_problem(step: Step) -> None:
+    assert step_problem(step) == ""
 
 
 def test_fail_fast_raises_naming_the_dock_row(model_and_engine) -> None:  # type: ignore[no-untyped-def]
@@ -419,6 +467,39 @@ def test_run_tool_answers_errors_and_timeouts_as_text() -> None:
     t0 = time.perf_counter()
     assert run_tool(_hang, {}, timeout_s=0.05) == "error: timed out after 0.05 s"
     assert time.perf_counter() - t0 < 0.4
+
+
+def test_hung_tools_hold_no_slot_and_no_exit_later_calls_still_run() -> None:
+    """More hung calls than tool slots: each times out, gives its slot back and is abandoned on a
+    daemon thread (which cannot keep the process from exiting); the next call runs at once."""
+    release = threading.Event()
+    hung_threads: list[threading.Thread] = []
+
+    def hang() -> str:
+        hung_threads.append(threading.current_thread())
+        release.wait()
+        return "late"
+
+    abandoned = TOOL_CALLS.abandoned  # an earlier test's hung call may still be counted, and end
+    try:
+        for _ in range(MAX_TOOL_CALLS + 4):
+            assert run_tool(hang, {}, timeout_s=0.02) == "error: timed out after 0.02 s"
+        assert TOOL_CALLS.abandoned >= MAX_TOOL_CALLS + 4
+        assert len(hung_threads) == MAX_TOOL_CALLS + 4 and all(t.daemon for t in hung_threads)
+        assert run_tool(add, {"a": 1, "b": 2, "width": 2}, timeout_s=5.0) == "03"
+    finally:
+        release.set()
+    for thread in hung_threads:
+        thread.join(timeout=5)
+    assert TOOL_CALLS.abandoned <= abandoned  # a hung call that returns is no longer counted
+
+
+def test_a_queued_call_times_out_from_its_start_not_from_its_submit() -> None:
+    calls = EnvCalls(1)
+    first = calls.submit(time.sleep, 0.2)
+    second = calls.submit(lambda: "ran")  # waits ~0.2 s for the slot, then runs at once
+    assert calls.result(second, timeout_s=0.1) == "ran"
+    assert calls.result(first, timeout_s=1.0) is None and calls.abandoned == 0
 
 
 class EchoTools(ToolEnvironment):

@@ -9,6 +9,7 @@ megatron engine's multi-turn run lives in test_megatron.py, vLLM's in test_vllm.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -63,17 +64,25 @@ def test_multiturn_in_async_mode(tmp_path: Path) -> None:
     assert [r["step"] for r in rows] == [1, 2, 3]
     ages = {k for r in rows for k, v in r.items() if k.startswith("async/tokens_age_") and v}
     assert ages and ages <= {"async/tokens_age_0", "async/tokens_age_1"}
-    assert sum(r["async/weight_loads"] for r in rows) >= 3
+    versions = [r["async/rollout_version"] for r in rows]  # each version loaded or skipped for a newer
+    assert sum(r["async/weight_loads"] + r["async/weight_versions_skipped"] for r in rows) == versions[-1] + 1
+    assert versions == sorted(versions) and versions[-1] >= 3 - 1 - 1
     assert all("offpolicy/is_weight_mean" in r for r in rows)  # the correction over the model's tokens
 
 
 def test_a_failing_environment_ends_only_its_trajectories(tmp_path: Path) -> None:
-    env = "multiturn.environment=tests_support_envs:FailsOnOddRows"
-    rows = _fit(tmp_path, env, "max_steps=2", "logging.samples_every=1", "logging.samples_per_step=16")
-    assert all(r["multiturn/env_failures"] == 16 and r["multiturn/end_env_error"] == 16 for r in rows)
-    assert all(r["multiturn/end_done"] == 16 and r["reward_mean"] == 0.5 for r in rows)
+    """Raising, a str in the info and a NaN verdict end only their trajectories, none counts as
+    correct, and no early stop follows from them (issue 58: the str crashed the run, NaN was correct)."""
+    env = "multiturn.environment=tests_support_envs:MisbehavesOnOddRows"
+    rows = _fit(tmp_path, env, "max_steps=2", "logging.samples_every=1", "logging.samples_per_step=32",
+                "eval.every=1", "eval.target_accuracy=0.1")  # fmt: skip
+    assert [r["step"] for r in rows] == [1, 2]  # no early stop on a success that did not happen
+    assert all(r["multiturn/env_failures"] == 16 and r["multiturn/end_env_error"] == 8 for r in rows)
+    assert all(r["multiturn/end_env_malformed"] == 8 and r["multiturn/end_done"] == 16 for r in rows)
+    assert all(r["reward_mean"] == 0.5 and r["accuracy"] == 0.0 and r["env/correct"] == 0.0 for r in rows)
+    assert all(math.isfinite(v) for r in rows for v in r.values() if isinstance(v, float))
     samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
-    assert {s["end"] for s in samples} == {"done", "env_error"}
+    assert {s["end"] for s in samples} == {"done", "env_error", "env_malformed"}
     with pytest.raises(EnvironmentFailure, match=r"dock row \d+ .*tool backend down"):
         _fit(tmp_path / "fast", env, "max_steps=1", "multiturn.fail_fast=true")
 

@@ -31,6 +31,17 @@ def test_weighted_score() -> None:
     assert scores == pytest.approx([1.5, 0.5 * 2 / 3])
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), "1", None])
+def test_a_score_that_is_not_a_finite_number_is_refused_naming_the_verifier(bad: object) -> None:
+    """Issue 58's rule for environments, for verifiers: a NaN reward would train (a str raised a bare
+    ValueError)."""
+    name = f"returns_{type(bad).__name__}_{bad}"
+    rewards.register_verifier(name, lambda r, a: bad)  # type: ignore[arg-type, return-value]
+    with pytest.raises(RewardError, match=rf"reward verifier '{name}' scored .* for the response 'ab'"):
+        rewards.score(["ab", "xy"], ["ab", "ab"], {"exact_match": 1.0, name: 1.0})
+    assert rewards.score(["ab"], ["ab"], {"exact_match": True}) == [1.0]  # a bool weight or score is a number
+
+
 def test_registry_refuses_duplicates_and_lists_names_on_miss() -> None:
     with pytest.raises(RewardError, match="already registered"):
         rewards.register_verifier("exact_match", lambda r, a: 0.0)

@@ -26,13 +26,20 @@ class Echo(Environment):
         return Step(reward=float(len(action) <= 2), done=True)
 
 
-class FailsOnOddRows(Environment):
-    """Raises in `step` for odd dock rows; the others end after one turn with reward 1."""
+class MisbehavesOnOddRows(Environment):
+    """Odd dock rows misbehave: rows 1 and 3 of every 8 raise in `step`, row 5 answers a str in its
+    info, row 7 a NaN verdict with reward 1; the even rows end after one turn with reward 1 and are
+    judged wrong (so any accuracy above 0 is a false success)."""
 
     def reset(self, row: Row) -> None:
         self.row = row
 
     def step(self, action: str) -> Step:
-        if self.row.index % 2:
+        kind = self.row.index % 8
+        if kind in (1, 3):
             raise RuntimeError(f"tool backend down for row {self.row.index}")
-        return Step(reward=1.0, done=True)
+        if kind == 5:
+            return Step(reward=1.0, done=True, info={"x": "str"})  # type: ignore[dict-item]
+        if kind == 7:
+            return Step(reward=1.0, done=True, info={"correct": float("nan")})
+        return Step(reward=1.0, done=True, info={"correct": 0.0})

@@ -9,6 +9,11 @@ into it and the actor a get's, and Ray carries only the call and the small layou
 unlinks the file as soon as the actor has mapped it, so no file outlives the two processes,
 whichever dies first.
 
+Every name this package puts in the shared-memory folder says whose it is:
+``entrepot-dock-<kind>-<pid>-<32 hex>``, the pid of the process that made it (`new_name`). A
+process only ever removes names it made, and `names_made_by` lists one process's, so a check for
+leftovers (or a cleaner) never counts or touches another run's on the same machine.
+
 One call uses a channel at a time: the client holds a lock from writing a put (or sending a get)
 until the actor has stored the rows (or its batch is copied out), so neither side ever reads bytes
 the other is still writing.
@@ -30,8 +35,8 @@ import torch
 from entrepot.dock._errors import InvalidArgumentError
 
 DIRECTORY = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-_PREFIX = "entrepot-dock-channel-"
-_NAME = re.compile(re.escape(_PREFIX) + "[0-9a-f]{32}")
+_OWNED = "entrepot-dock-"
+_NAME = re.compile(re.escape(_OWNED) + "channel-[0-9]+-[0-9a-f]{32}")
 MIN_CAPACITY = 1 << 20
 """Puts and replies smaller than this stay on Ray: its fixed cost per object matters less there."""
 MAX_REGIONS = 3
@@ -52,6 +57,18 @@ class Channel:
         return int(self.buffer.numel())
 
 
+def new_name(kind: str) -> str:
+    """A fresh name of `kind` ("channel" or "link") that names this process:
+    ``entrepot-dock-<kind>-<pid>-<32 hex>``."""
+    return f"{_OWNED}{kind}-{os.getpid()}-{secrets.token_hex(16)}"
+
+
+def names_made_by(pid: int) -> list[str]:
+    """The channel and link names process `pid` made that are still in the shared-memory folder."""
+    mine = re.compile(re.escape(_OWNED) + f"(channel|link)-{pid}-[0-9a-f]{{32}}")
+    return sorted(name for name in os.listdir(DIRECTORY) if mine.fullmatch(name))
+
+
 def capacity_for(nbytes: int) -> int:
     """The capacity a channel gets for calls of `nbytes`: room to grow by half, in whole MiB."""
     return max(MIN_CAPACITY, -(-(nbytes * 3 // 2) // MIN_CAPACITY) * MIN_CAPACITY)
@@ -66,7 +83,7 @@ def create(capacity: int) -> Channel:
     """
     if os.name != "posix":
         raise OSError("no shared-memory channel on this platform (POSIX only)")  # Ray carries the calls
-    name = _PREFIX + secrets.token_hex(16)
+    name = new_name("channel")
     path = os.path.join(DIRECTORY, name)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:

@@ -8,6 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from entrepot.dock._batch import Batch, Layout
+from entrepot.dock._errors import NotOnClientError
 from entrepot.dock._leases import Lease
 from entrepot.dock._options import FIFO, ZERO_PADDING, Padding, Sampler
 
@@ -86,3 +87,21 @@ class GRPODockClient(DockClient, Protocol):
     def put_prompts(
         self, prompts: Any, n_samples_per_prompt: int | None = None, **kwargs: Any
     ) -> torch.Tensor: ...
+
+
+_HINTS = {
+    "state_dict": " (save(path) writes the dock's state where the actor runs)",
+    "load_state_dict": " (load(path) reads a state save(path) wrote)",
+}
+
+
+class RemoteClient:
+    """Base of the clients of a dock in another process: a name they do not carry is a
+    `NotOnClientError` naming it and listing their calls, not a bare AttributeError."""
+
+    def __getattr__(self, name: str) -> Any:  # only called for names the client does not have
+        if name.startswith("_"):  # pickling and copy probe these: the plain error they expect
+            raise AttributeError(name)
+        cls = type(self)
+        calls = sorted(n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n)))
+        raise NotOnClientError(cls.__name__, name, calls, _HINTS.get(name, ""))

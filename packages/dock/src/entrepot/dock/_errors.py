@@ -192,6 +192,18 @@ class DockMemoryError(DockError, MemoryError):
         )
 
 
+class NotOnClientError(DockError, AttributeError):
+    """A call a client of a dock in another process does not carry (an `ExperienceDock` call such as
+    ``state_dict``, or a name no dock has); the message lists the client's calls."""
+
+    def __init__(self, client: str, name: str, calls: Sequence[str], hint: str = "") -> None:
+        self.client = client
+        self.call = name
+        super().__init__(
+            f"{client} has no {name!r}: the call is not on the client{hint}; its calls: {', '.join(calls)}"
+        )
+
+
 class DockShardLostError(DockError, RuntimeError):
     """A dock actor, or a sharded dock's shard or controller, died (its node or process is gone); the
     node is named (address and id)."""

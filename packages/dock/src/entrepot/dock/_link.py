@@ -20,7 +20,6 @@ import io
 import os
 import pickle
 import re
-import secrets
 import socket
 import stat
 import struct
@@ -30,11 +29,10 @@ from typing import Any
 
 import torch
 
-from entrepot.dock._channel import DIRECTORY
+from entrepot.dock._channel import DIRECTORY, new_name
 from entrepot.dock._errors import InvalidArgumentError
 
-_PREFIX = "entrepot-dock-link-"
-_NAME = re.compile(re.escape(_PREFIX) + "[0-9a-f]{32}")
+_NAME = re.compile(r"entrepot-dock-link-[0-9]+-[0-9a-f]{32}")  # `_channel.new_name`'s, of a link
 _HEADER = struct.Struct("!Q")  # the length of the pickled message that follows
 CONNECT_TIMEOUT_S = 30.0
 """How long the client waits for its actor to connect (the actor connects inside its attach call)."""
@@ -49,7 +47,7 @@ class LinkClosed(ConnectionError):
 
 def listen() -> tuple[socket.socket, str]:
     """A listening socket of this user's only (mode 0600), and the name the actor connects to."""
-    name = _PREFIX + secrets.token_hex(16)
+    name = new_name("link")
     path = os.path.join(DIRECTORY, name)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

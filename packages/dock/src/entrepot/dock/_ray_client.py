@@ -21,6 +21,7 @@ import torch
 
 from entrepot.dock._batch import Batch, Layout, build_batch
 from entrepot.dock._checks import GetRequest, check_lease, get_request, index_tensor, peek_request
+from entrepot.dock._client import RemoteClient
 from entrepot.dock._columns import ColumnSpec
 from entrepot.dock._dock import ExperienceDock
 from entrepot.dock._errors import DockError, DockShardLostError
@@ -51,7 +52,7 @@ Settings = tuple[int, dict[str, ColumnSpec], str | None]
 """(capacity, column specs, rollout consumer) of the actor's dock: what a put is checked against."""
 
 
-class RayDockClient:
+class RayDockClient(RemoteClient):
     """DockClient for a dock living in a `DockActor`; same arguments and results as ExperienceDock.
 
     With `channel` (the default), a client on the actor's node moves puts and get replies of 1 MiB

@@ -20,6 +20,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from entrepot.dock import _sharded_files
 from entrepot.dock._batch import Batch, Layout
 from entrepot.dock._checks import check_lease, check_rows, get_request, index_tensor, peek_request
+from entrepot.dock._client import RemoteClient
 from entrepot.dock._dock import ExperienceDock
 from entrepot.dock._errors import DockConfigError, DockShardLostError, InvalidArgumentError
 from entrepot.dock._grpo import _fan_out, count_prompts
@@ -36,7 +37,7 @@ START_TIMEOUT_S = 120.0
 """How long `launch` waits for Ray to place the shards before it gives up naming the free resources."""
 
 
-class ShardedDockClient:
+class ShardedDockClient(RemoteClient):
     """DockClient for a dock sharded over Ray actors (see entrepot.dock.sharded); picklable."""
 
     def __init__(

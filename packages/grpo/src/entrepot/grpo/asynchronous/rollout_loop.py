@@ -2,7 +2,10 @@
 
 It keeps up to `slots` responses in flight. Each turn it
 1. loads the newest published weights if there are any (verified, `engines.weight_sync.PublishedWeights`): the
-   responses in flight continue under them, every token tagged with the version that sampled it;
+   responses in flight continue under them, every token tagged with the version that sampled it. The
+   mailbox holds the newest version only, so versions published while the rollout was busy (a chunk,
+   an admission) are skipped for the newest: counted in ``async/weight_versions_skipped``, so that
+   loads + skipped versions always account for every version up to ``async/rollout_version``;
 2. fills free slots with new prompt groups, as many as the ledger admits (the staleness bound);
 3. decodes at most `chunk_tokens` more tokens of every response in flight (`partial_round`: one engine
    call per response length so far, the prompt plus what the response has);
@@ -64,6 +67,7 @@ class RolloutStats:
     busy_s: float = 0.0
     idle_s: float = 0.0
     loads: int = 0
+    skipped: int = 0  # versions published and superseded before the rollout looked (it loads the newest)
     load_s: float = 0.0
     load_bytes: int = 0
     in_flight_updates: int = 0  # loads that happened with responses in flight
@@ -76,6 +80,7 @@ class RolloutStats:
             "async/rollout_idle_frac": self.idle_s / wall_s if wall_s > 0 else 0.0,
             "async/rollout_version": float(self.version),
             "async/weight_loads": float(self.loads),
+            "async/weight_versions_skipped": float(self.skipped),
             "async/in_flight_updates": float(self.in_flight_updates),
         }
         out.update({k: v for k, v in self.multiturn.metrics().items() if k != "rollout_tokens"})
@@ -146,7 +151,7 @@ class RolloutLoop:
     def take_stats(self) -> RolloutStats:
         with self._stats_lock:
             stats, self._stats = self._stats, RolloutStats(version=self.version)
-        stats.version = self.version
+            stats.version = self.version
         return stats
 
     # -- the thread -----------------------------------------------------------------------------
@@ -181,9 +186,11 @@ class RolloutLoop:
         t0 = time.perf_counter()
         named = weights.verified(self.mailbox.source, self.name)
         self.engine.load_weights(named)
-        self.version = weights.version
-        self._add(loads=1, load_s=time.perf_counter() - t0, load_bytes=weights.nbytes,
-                  in_flight_updates=int(in_flight))  # fmt: skip
+        skipped = weights.version - self.version - 1 if self.version >= 0 else 0  # the first load skips none
+        with self._stats_lock:  # the version and its counts change together for `take_stats`
+            self.version = weights.version
+            self._add_locked(loads=1, skipped=skipped, load_s=time.perf_counter() - t0,
+                             load_bytes=weights.nbytes, in_flight_updates=int(in_flight))  # fmt: skip
 
     def _refill(self, in_flight: int) -> list[_Slot]:
         groups = min((self.slots - in_flight) // self.n, self.ledger.admissible(self.version))
@@ -266,5 +273,8 @@ class RolloutLoop:
 
     def _add(self, **amounts: float) -> None:
         with self._stats_lock:
-            for key, value in amounts.items():
-                setattr(self._stats, key, getattr(self._stats, key) + value)
+            self._add_locked(**amounts)
+
+    def _add_locked(self, **amounts: float) -> None:
+        for key, value in amounts.items():
+            setattr(self._stats, key, getattr(self._stats, key) + value)

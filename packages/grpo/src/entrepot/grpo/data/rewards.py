@@ -21,6 +21,7 @@ User verifiers register by name (`register_verifier`) or from the config by dott
 from __future__ import annotations
 
 import importlib
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -97,9 +98,25 @@ def score(responses: Sequence[str], answers: Sequence[str], weights: Mapping[str
     """Weighted sum of the named verifiers for each (response, answer) pair."""
     if len(responses) != len(answers):
         raise RewardError(f"{len(responses)} responses but {len(answers)} answers")
-    fns = [(get_verifier(name), float(w)) for name, w in weights.items()]
+    fns = [(name, get_verifier(name), float(w)) for name, w in weights.items()]
     check_gold_answers(weights, answers)
-    return [sum(w * float(fn(r, a)) for fn, w in fns) for r, a in zip(responses, answers, strict=True)]
+    return [sum(w * _finite(name, fn(r, a), r) for name, fn, w in fns)
+            for r, a in zip(responses, answers, strict=True)]  # fmt: skip
+
+
+def _finite(name: str, value: object, response: str) -> float:
+    """A verifier's score as a float; `RewardError` naming the verifier, the score and the response
+    when it is not a finite number (a NaN would train, and a str would fail as a bare ValueError)."""
+    try:
+        score = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        score = math.nan
+    if isinstance(value, str) or not math.isfinite(score):
+        raise RewardError(
+            f"reward verifier {name!r} scored {value!r} for the response {response[:40]!r}: a score must "
+            "be a finite number"
+        )
+    return score
 
 
 # The math verifiers, and whether their gold answers must be numbers.

@@ -3,6 +3,11 @@
 Every call gives a `concurrent.futures.Future`, so the rollout waits on any of them the same way and
 a slow call holds up only its own trajectory. A call's time is counted from when it starts running,
 so calls queued behind a full pool (``multiturn.env_concurrency``) do not time out while they wait.
+
+Tools (`tools.run_tool`) run on the same mechanism. Every thread is a daemon, so a call that never
+returns cannot keep the process from exiting, and a call given up on (past its timeout) gives its slot
+back at once: after any number of hung calls the next ones still run. A hung call's thread is
+abandoned, not killed (Python cannot stop a thread); `EnvCalls.abandoned` counts those still running.
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ from typing import Any
 
 __all__ = ["EnvCalls"]
 
+_QUEUED_POLL_S = 0.01
+"""How often `EnvCalls.result` looks whether a queued call has started (its timeout starts then)."""
+
 
 class EnvCalls:
     """Runs environment calls, at most `concurrency` plain ones at once (1: one call at a time).
@@ -27,6 +35,7 @@ class EnvCalls:
 
     Attributes:
         started: per future, when its call began (`time.monotonic`).
+        abandoned: calls forgotten while they ran whose threads have not returned yet (hung calls).
     """
 
     def __init__(self, concurrency: int) -> None:
@@ -34,7 +43,13 @@ class EnvCalls:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
         self._holding: set[concurrent.futures.Future[Any]] = set()  # calls that hold a slot
+        self._running_forgotten: set[concurrent.futures.Future[Any]] = set()
         self.started: dict[concurrent.futures.Future[Any], float] = {}
+
+    @property
+    def abandoned(self) -> int:
+        with self._lock:
+            return len(self._running_forgotten)
 
     def submit(self, method: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
         """Call `method(*args)`: awaited on the event loop when it is a coroutine function."""
@@ -67,6 +82,7 @@ class EnvCalls:
         finally:
             with self._lock:
                 self._release(future)
+                self._running_forgotten.discard(future)
 
     def _release(self, future: concurrent.futures.Future[Any]) -> None:
         """Give `future`'s slot back, once (the caller holds the lock)."""
@@ -79,7 +95,24 @@ class EnvCalls:
         with self._lock:
             future.cancel()
             self.started.pop(future, None)
+            if future in self._holding and not future.done():
+                self._running_forgotten.add(future)  # its thread runs on, holding no slot
             self._release(future)
+
+    def result(self, future: concurrent.futures.Future[Any], timeout_s: float) -> Any:
+        """Wait for a call's result, at most `timeout_s` from when it started running, then forget it.
+
+        Raises:
+            TimeoutError: the call ran past `timeout_s` (it is abandoned on its daemon thread).
+            Exception: whatever the call raised.
+        """
+        try:
+            while (started := self.started.get(future)) is None and not future.done():
+                concurrent.futures.wait([future], timeout=_QUEUED_POLL_S)  # queued behind full slots
+            left = timeout_s if started is None else started + timeout_s - time.monotonic()
+            return future.result(timeout=max(left, 0.0))
+        finally:
+            self.forget(future)
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:

@@ -14,6 +14,8 @@ keyword arguments, loaded like ``reward.custom``'s verifiers.
 from __future__ import annotations
 
 import importlib
+import math
+import numbers
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +30,7 @@ __all__ = [
     "available_environments",
     "load_environment",
     "register_environment",
+    "step_problem",
 ]
 
 
@@ -50,13 +53,20 @@ class Row:
 class Step:
     """What the environment answers to a model turn.
 
+    Every field is checked when the rollout receives it (`step_problem`); a Step that breaks this
+    contract ends its trajectory as ``env_malformed`` (counted in ``multiturn/end_env_malformed`` and
+    ``multiturn/env_failures``, shown as the sample's ``end``), never the run.
+
     Attributes:
-        observation: the next message's text (None with `done`: nothing more to say).
-        reward: added to the trajectory's reward (its sum is what GRPO normalises per group).
-        done: the trajectory ends here.
-        role: the next message's chat role ("user" for feedback, "tool" for a tool's result).
-        info: numbers to report, averaged over trajectories as ``env/<key>`` metrics; ``correct`` in
-            the last step's says whether the trajectory counts as accurate (default: reward >= 1).
+        observation: the next message's text, a str (None with `done`: nothing more to say).
+        reward: added to the trajectory's reward (its sum is what GRPO normalises per group); a finite
+            number.
+        done: the trajectory ends here (a bool).
+        role: the next message's chat role, a str ("user" for feedback, "tool" for a tool's result).
+        info: numbers to report, averaged over trajectories as ``env/<key>`` metrics: str keys and
+            finite numbers (a bool counts as 0 or 1); text has no mean, so a str value is malformed
+            (put text in the observation). ``correct`` in the last step's says whether the trajectory
+            counts as accurate (default: reward >= 1) and must be 0 or 1 (or a bool).
     """
 
     observation: str | None = None
@@ -64,6 +74,35 @@ class Step:
     done: bool = False
     role: str = "user"
     info: Mapping[str, float] = field(default_factory=dict)
+
+
+def step_problem(step: Any) -> str:
+    """What is wrong with a `step()` answer ("" when it keeps the `Step` contract)."""
+    if not isinstance(step, Step):
+        return f"a {type(step).__name__}, not a Step"
+    if not _finite(step.reward):
+        return f"reward {step.reward!r}, not a finite number"
+    if not isinstance(step.done, bool):
+        return f"done {step.done!r}, not a bool"
+    if not step.done and not isinstance(step.observation, str):
+        return f"observation {step.observation!r} without done (a message is a str)"
+    if not isinstance(step.role, str):
+        return f"role {step.role!r}, not a str"
+    if not isinstance(step.info, Mapping):
+        return f"info of type {type(step.info).__name__}, not a mapping of str to numbers"
+    for key, value in step.info.items():
+        if not isinstance(key, str):
+            return f"info key {key!r}, not a str"
+        if not _finite(value):
+            return f"info[{key!r}] {value!r}, not a finite number"
+    if "correct" in step.info and float(step.info["correct"]) not in (0.0, 1.0):
+        return f"info['correct'] {step.info['correct']!r}, not 0 or 1"
+    return ""
+
+
+def _finite(value: Any) -> bool:
+    """Whether `value` is a real number (a bool included) and finite."""
+    return isinstance(value, numbers.Real) and math.isfinite(float(value))
 
 
 class Environment:

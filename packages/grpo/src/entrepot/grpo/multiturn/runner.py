@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import math
-import numbers
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -31,7 +29,7 @@ from entrepot.grpo.engines.base import RolloutEngine, SamplingParams
 from entrepot.grpo.errors import EnvironmentFailure
 from entrepot.grpo.multiturn.chat import ChatFormat
 from entrepot.grpo.multiturn.env_calls import EnvCalls
-from entrepot.grpo.multiturn.environment import Row, Step
+from entrepot.grpo.multiturn.environment import Row, Step, step_problem
 from entrepot.grpo.multiturn.trajectory import FAILURES, EndReason, Trajectory
 
 __all__ = ["MultiTurnRollout"]
@@ -152,7 +150,7 @@ class _Batch:
             self.ready.append(i)
             return
         step = future.result()
-        problem = _malformed(step)
+        problem = step_problem(step)
         if problem:
             self._fail(i, EndReason.ENV_MALFORMED, f"step() returned {problem}")
             return
@@ -237,16 +235,3 @@ class _Batch:
         keys = sorted({k for t in trajs for k in t.info})
         metrics.update({f"env/{k}": sum(float(t.info.get(k, 0.0)) for t in trajs) / count for k in keys})
         return metrics
-
-
-def _malformed(step: Any) -> str:
-    """What is wrong with a `step()` answer ("" when it is a well-formed `Step`)."""
-    if not isinstance(step, Step):
-        return f"a {type(step).__name__}, not a Step"
-    if not isinstance(step.reward, numbers.Real) or not math.isfinite(float(step.reward)):
-        return f"reward {step.reward!r}, not a finite number"
-    if not step.done and not isinstance(step.observation, str):
-        return f"observation {step.observation!r} without done (a message is a str)"
-    if not isinstance(step.role, str):
-        return f"role {step.role!r}, not a str"
-    return ""

@@ -5,23 +5,31 @@ The default call syntax is the Hermes / Qwen one, ``<tool_call>{"name": ..., "ar
 </tool_call>``; an environment with another syntax overrides `ToolEnvironment.parse_call`. A tool
 that raises, times out or is not known answers with an error message: the model made the call and
 reads the outcome (an environment that fails itself is another matter: `runner`).
+
+Tools run on daemon threads, at most `MAX_TOOL_CALLS` at once (`EnvCalls`, as environment calls do):
+a tool that never returns answers a timeout, gives its slot back and is abandoned on its thread, so
+later calls still run and the process still exits.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
+import functools
 import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from entrepot.grpo.multiturn.env_calls import EnvCalls
 from entrepot.grpo.multiturn.environment import Environment, Row, Step
 
-__all__ = ["ToolCall", "ToolEnvironment", "parse_hermes_call", "run_tool"]
+__all__ = ["MAX_TOOL_CALLS", "TOOL_CALLS", "ToolCall", "ToolEnvironment", "parse_hermes_call", "run_tool"]
 
 _HERMES = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
-_TOOL_THREADS = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="entrepot-tool")
+MAX_TOOL_CALLS = 16
+"""Tool calls of this process that run at once (more wait for a slot; their timeout starts with them)."""
+TOOL_CALLS = EnvCalls(MAX_TOOL_CALLS)
+"""Where every tool runs (``TOOL_CALLS.abandoned``: hung tools whose threads still run)."""
 
 
 @dataclass(frozen=True)
@@ -48,12 +56,11 @@ def parse_hermes_call(text: str) -> ToolCall | None:
 
 
 def run_tool(fn: Callable[..., Any], arguments: Mapping[str, Any], timeout_s: float) -> str:
-    """`fn(**arguments)` as text, or ``error: ...`` when it raises or passes `timeout_s` (the thread
-    of a call that hangs is left to finish; its result is dropped)."""
-    future = _TOOL_THREADS.submit(fn, **arguments)
+    """`fn(**arguments)` as text, or ``error: ...`` when it raises or runs past `timeout_s` (counted
+    from when it starts; a call that hangs is abandoned on its daemon thread, its result dropped)."""
     try:
-        return str(future.result(timeout=timeout_s))
-    except concurrent.futures.TimeoutError:
+        return str(TOOL_CALLS.result(TOOL_CALLS.submit(functools.partial(fn, **arguments)), timeout_s))
+    except TimeoutError:
         return f"error: timed out after {timeout_s:g} s"
     except Exception as exc:
         return f"error: {type(exc).__name__}: {exc}"

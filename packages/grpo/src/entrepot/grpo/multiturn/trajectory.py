@@ -62,7 +62,10 @@ class Trajectory:
 
     @property
     def correct(self) -> bool:
-        """Whether it counts as accurate: the environment's ``info["correct"]``, else a reward >= 1."""
+        """Whether it counts as accurate: the environment's ``info["correct"]``, else a reward >= 1;
+        never when the environment failed (its last answer was an error, a timeout or malformed)."""
+        if self.end in FAILURES:
+            return False
         return bool(self.info["correct"]) if "correct" in self.info else self.reward >= 1.0
 
     @property

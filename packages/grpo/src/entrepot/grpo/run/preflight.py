@@ -110,7 +110,8 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
     model directory or the prompt files cannot be used.
 
     Checks the longest prompt + response against the built decoder's positions and the token
-    budgets (`entrepot.grpo.data.checks.check_task_fits`), imports the custom verifiers, loads the
+    budgets (`entrepot.grpo.data.checks.check_task_fits`), imports the custom verifiers and checks
+    every verifier name (`registry_names.check_reward_names`), loads the
     model directory's config and tokenizer (not its weights), checks its shape against the parallel
     layout, the longest sequence and the tokenizer, checks the reference directory and the
     reward-model directories (configs and tokenizers), reads the prompt files and reads every gold
@@ -122,11 +123,11 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
     that draws it.
     """
     from entrepot.grpo.data import rewards
+    from entrepot.grpo.run.registry_names import check_reward_names
 
     check_task_fits(config)
     rewards.resolve_custom(config.reward.custom)  # user verifiers import here, as in the reward workers
-    for name in config.reward.verifiers:
-        rewards.get_verifier(name)
+    check_reward_names(config.reward)
     tokenizer, hf_config = None, None
     if config.model.path is not None:
         from entrepot.grpo.engines.models import load_model_config, load_tokenizer
