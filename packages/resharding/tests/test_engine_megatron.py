@@ -64,7 +64,8 @@ def parity_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_gpt_model_chunks_give_hf_logits_and_round_trip_bit_exactly(case: str, parity_world: Path) -> None:
     """GPT-2 (tied, learned positions, LayerNorm, biases), Llama (GQA, untied, llama3 RoPE scaling;
     tied with linear scaling) and Qwen3 (per-head q/k RMSNorm, head_dim != hidden / heads): megatron's
-    logits equal HF's within 1e-4 at TP=1 and TP=2, and HF -> TP=2 shards -> HF is bit-exact."""
+    logits equal HF's within 1e-4 at TP=1 and TP=2, HF -> TP=2 shards -> HF is bit-exact, and
+    ``from_pretrained`` in the CPU mode restores the model's buffers (RoPE's ``inv_freq``)."""
     folder = parity_world / case
     errors = [p.read_text() for p in sorted(folder.glob("*.error"))]
     assert not errors, errors[0]
@@ -75,6 +76,11 @@ def test_gpt_model_chunks_give_hf_logits_and_round_trip_bit_exactly(case: str, p
         for tp in ("tp1", "tp2"):
             assert result[tp] <= megatron_workers.ATOL, (case, rank, tp, result)
         assert result["round_trip"] == [], (case, rank, result["round_trip"])
+        assert result["loaded_buffers"] == [], (
+            case,
+            rank,
+            result["loaded_buffers"],
+        )  # from_pretrained in CPU mode
 
 
 @pytest.mark.integration  # ranks forked from the forkserver, a gloo world

@@ -135,8 +135,12 @@ def check_parity(rank: int, port: int, out: str) -> None:
     columns of them), and the shards gathered from both ranks come back through ``unshard`` +
     ``train_to_hf`` as the HF state dict, bit for bit.
 
-    Writes ``{"tp1": max diff, "tp2": max diff, "round_trip": [names that differ]}`` (or the traceback,
-    ``<rank>.error``) to `out`/<case>/<rank>.json, which the test of the case reads.
+    In the CPU mode (on here) ``from_pretrained`` of the saved model gives the model's buffers (RoPE's
+    ``inv_freq``): the mode's patched tensor factories once left them uninitialised.
+
+    Writes ``{"tp1": max diff, "tp2": max diff, "round_trip": [names that differ], "loaded_buffers":
+    [buffers that differ]}`` (or the traceback, ``<rank>.error``) to `out`/<case>/<rank>.json, which
+    the test of the case reads.
     """
     import json
     import traceback
@@ -148,6 +152,8 @@ def check_parity(rank: int, port: int, out: str) -> None:
         try:
             result = {f"tp{tp}": _logits_diff(rank, port, case, tp) for tp in (1, 2)}
             result["round_trip"] = _round_trip_misses(rank, case)  # at TP=2, the last layout built
+            # transformers saves on the global rank 0 only
+            result["loaded_buffers"] = _buffers_after_loading(case, where / "hf") if rank == 0 else []
         except Exception:  # recorded for the case's test; the world stops (the ranks' collectives pair up)
             Path(where, f"{rank}.error").write_text(traceback.format_exc())
             raise
@@ -177,6 +183,17 @@ def _logits_diff(rank: int, port: int, case: str, tp: int) -> float:
 
 
 _LOADED: dict[str, tuple[Any, Any, Any]] = {}  # case -> (HF model, engine, layout) of its last build
+
+
+def _buffers_after_loading(case: str, directory: Any) -> list[str]:
+    """Save `case`'s HF model, load it back with ``from_pretrained``: the buffers that differ."""
+    import transformers
+
+    hf = hf_model(case)
+    hf.save_pretrained(directory)
+    loaded = getattr(transformers, hf.config.architectures[0]).from_pretrained(directory, dtype=torch.float32)
+    ours, theirs = dict(hf.named_buffers()), dict(loaded.named_buffers())
+    return [n for n in sorted(ours) if n not in theirs or not torch.equal(ours[n], theirs[n])]
 
 
 def _round_trip_misses(rank: int, case: str) -> list[str]:
