@@ -24,6 +24,7 @@ multiprocessing.set_forkserver_preload(
         "megatron_workers",
         "megatron.core.models.gpt.gpt_model",
         "transformers.models.gpt2.modeling_gpt2",
+        "transformers.models.llama.modeling_llama",
         "transformers.models.qwen2.modeling_qwen2",
         "transformers.models.qwen3.modeling_qwen3",
     ]

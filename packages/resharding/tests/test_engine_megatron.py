@@ -8,7 +8,9 @@ cases where it must patch nothing.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -44,11 +46,41 @@ def test_gpt_model_shards_in_training_layout_on_dp2_tp2_pp2() -> None:
     _run_ranks(megatron_workers.check_layouts)
 
 
+@pytest.fixture(scope="module")
+def parity_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One 2-rank world that runs every case of ``megatron_workers.PARITY_CASES`` (TP=1, TP=2, the
+    round trip), one after another: megatron parity cases share one world. Each writes
+    ``<case>/<rank>.json``, which its test reads."""
+    out = tmp_path_factory.mktemp("megatron-parity")
+    try:
+        _run_ranks(megatron_workers.check_parity, str(out))
+    except Exception as error:  # a failed case: its test reports it (`<rank>.error`), the later ones this
+        (out / "world.error").write_text(f"the parity world stopped: {error}")
+    return out
+
+
 @pytest.mark.integration  # ranks forked from the forkserver, a gloo world
-@pytest.mark.parametrize("architecture", ["GPT2LMHeadModel", "Qwen3ForCausalLM"])
-def test_gpt_model_chunks_give_hf_logits_at_tp2(architecture: str) -> None:
-    """GPT-2 (tied, learned positions, LayerNorm, biases) and Qwen3 (q/k RMSNorm) at TP=2."""
-    _run_ranks(megatron_workers.check_tp2_logits, architecture)
+@pytest.mark.parametrize("case", megatron_workers.PARITY_CASES)
+def test_gpt_model_chunks_give_hf_logits_and_round_trip_bit_exactly(case: str, parity_world: Path) -> None:
+    """GPT-2 (tied, learned positions, LayerNorm, biases), Llama (GQA, untied, llama3 RoPE scaling;
+    tied with linear scaling) and Qwen3 (per-head q/k RMSNorm, head_dim != hidden / heads): megatron's
+    logits equal HF's within 1e-4 at TP=1 and TP=2, HF -> TP=2 shards -> HF is bit-exact, and
+    ``from_pretrained`` in the CPU mode restores the model's buffers (RoPE's ``inv_freq``)."""
+    folder = parity_world / case
+    errors = [p.read_text() for p in sorted(folder.glob("*.error"))]
+    assert not errors, errors[0]
+    stopped = parity_world / "world.error"
+    files = [folder / f"{rank}.json" for rank in range(megatron_workers.WORLD)]
+    assert all(f.is_file() for f in files), stopped.read_text() if stopped.is_file() else folder
+    for rank, result in enumerate(json.loads(f.read_text()) for f in files):
+        for tp in ("tp1", "tp2"):
+            assert result[tp] <= megatron_workers.ATOL, (case, rank, tp, result)
+        assert result["round_trip"] == [], (case, rank, result["round_trip"])
+        assert result["loaded_buffers"] == [], (
+            case,
+            rank,
+            result["loaded_buffers"],
+        )  # from_pretrained in CPU mode
 
 
 @pytest.mark.integration  # ranks forked from the forkserver, a gloo world

@@ -171,3 +171,19 @@ def test_a_bare_adaptor_becomes_a_local_resharder() -> None:
     assert isinstance(manager.resharder, LocalResharder) and manager.resharder.target == "infer"
     weights = manager.resharder.reshard(manager.train_engine.named_train_parameters())
     assert weights.keys() == adaptor.hf_to_infer(dict(model.named_parameters())).keys()
+
+
+def test_an_engine_over_a_model_loaded_from_safetensors_offloads_and_reloads(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``from_pretrained`` maps the safetensors file (storages that cannot be resized): the engine
+    takes its weights into process memory, so offloading them frees them; the tied head stays tied."""
+    source = _gpt2()
+    source.save_pretrained(tmp_path)
+    loaded = GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    assert not loaded.transformer.wte.weight.untyped_storage().resizable()  # what the engine must handle
+    engine = TorchInferenceEngine(loaded)
+    engine.offload()
+    assert engine.resident_bytes() == 0
+    engine.onload(("weights",))
+    engine.load_weights({name: p.detach() for name, p in source.named_parameters()})
+    assert loaded.lm_head.weight is loaded.transformer.wte.weight
+    assert torch.equal(_greedy(loaded), _greedy(source))

@@ -20,35 +20,34 @@ WORLD = 2
 TOKENS = (2, 12)  # [B, S] of the token batch every logits check feeds
 ATOL = 1e-4  # max |megatron - HF| over this rank's logits (fp32)
 
-# Tiny configs: vocab divisible by TP=2, 2 layers (one per stage at PP=2).
+_DENSE = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+              rms_norm_eps=1e-6)  # fmt: skip
+# Llama 3's frequency scaling with its released constants (megatron-core fixes all but the factor).
+_LLAMA3_ROPE = dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0,
+                    high_freq_factor=4.0, original_max_position_embeddings=8192)  # fmt: skip
+
+# Tiny configs: vocab divisible by TP=2, 2 layers (one per stage at PP=2). A case id names the
+# architecture (``hf_model`` reads the class from its part before any ``-``).
 HF_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "Qwen2ForCausalLM": (
-        "Qwen2Config",
-        dict(
-            vocab_size=128,
-            hidden_size=64,
-            intermediate_size=96,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=64,
-            rms_norm_eps=1e-6,
-            tie_word_embeddings=False,
-        ),
-    ),
+    "Qwen2ForCausalLM": ("Qwen2Config", dict(_DENSE, tie_word_embeddings=False)),
     "Qwen3ForCausalLM": (
         "Qwen3Config",
+        dict(_DENSE, head_dim=32, tie_word_embeddings=False),  # head_dim != hidden / heads, as in Qwen3
+    ),
+    # initializer_range 0.1: rotations then move the logits enough (5e-3 for llama3 scaling at these
+    # 12 positions, 1.8 for linear) that a RoPE built the default way fails ATOL
+    "LlamaForCausalLM": (
+        "LlamaConfig",
+        dict(_DENSE, initializer_range=0.1, tie_word_embeddings=False, rope_parameters=_LLAMA3_ROPE),
+    ),
+    "LlamaForCausalLM-tied-linear": (
+        "LlamaConfig",
         dict(
-            vocab_size=128,
-            hidden_size=64,
-            intermediate_size=96,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=32,  # != hidden / heads, as in the Qwen3 releases
-            max_position_embeddings=64,
-            rms_norm_eps=1e-6,
-            tie_word_embeddings=False,
+            _DENSE,
+            initializer_range=0.1,
+            tie_word_embeddings=True,
+            rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=4.0),
         ),
     ),
     "GPT2LMHeadModel": (
@@ -56,6 +55,9 @@ HF_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
         dict(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=32, tie_word_embeddings=True),
     ),
 }
+
+PARITY_CASES = ("GPT2LMHeadModel", "LlamaForCausalLM", "LlamaForCausalLM-tied-linear", "Qwen3ForCausalLM")
+"""The cases ``check_parity`` runs in one world, each at TP=1 and TP=2."""
 
 
 def init_parallel(rank: int, port: int, tp: int = 1, pp: int = 1, seed: int = 0) -> None:
@@ -84,11 +86,13 @@ def megatron_chunks(hf_config: Any, tp: int, pp: int) -> list[torch.nn.Module]:
     return gpt_model_chunks(hf_config, config)
 
 
-def hf_model(architecture: str) -> Any:
-    """A tiny random HF model; 1-D parameters (biases, norm weights) get noise so that they count."""
+def hf_model(case: str) -> Any:
+    """A tiny random HF model of `case` (a key of ``HF_CONFIGS``); 1-D parameters (biases, norm
+    weights) get noise so that they count."""
     import transformers
 
-    config_class, kwargs = HF_CONFIGS[architecture]
+    config_class, kwargs = HF_CONFIGS[case]
+    architecture = case.split("-")[0]
     config = getattr(transformers, config_class)(**kwargs)
     config.architectures = [architecture]
     torch.manual_seed(0)
@@ -125,26 +129,91 @@ def _load_hf_weights(hf: Any, engine: Any, layout: Any, rank: int) -> dict[str, 
     return shard
 
 
-def check_tp2_logits(rank: int, port: int, architecture: str) -> None:
-    """TP=2: HF weights loaded through ``hf_to_train`` + ``shard`` give this rank's vocab columns of
-    HF's logits, within ``ATOL``."""
+def check_parity(rank: int, port: int, out: str) -> None:
+    """Each of ``PARITY_CASES`` at TP=1 (DP=2) and TP=2, one case after another in this one world:
+    HF weights loaded through ``hf_to_train`` + ``shard`` give HF's logits (at TP=2 this rank's vocab
+    columns of them), and the shards gathered from both ranks come back through ``unshard`` +
+    ``train_to_hf`` as the HF state dict, bit for bit.
+
+    In the CPU mode (on here) ``from_pretrained`` of the saved model gives the model's buffers (RoPE's
+    ``inv_freq``): the mode's patched tensor factories once left them uninitialised.
+
+    Writes ``{"tp1": max diff, "tp2": max diff, "round_trip": [names that differ], "loaded_buffers":
+    [buffers that differ]}`` (or the traceback, ``<rank>.error``) to `out`/<case>/<rank>.json, which
+    the test of the case reads.
+    """
+    import json
+    import traceback
+    from pathlib import Path
+
+    for case in PARITY_CASES:
+        where = Path(out, case)
+        where.mkdir(parents=True, exist_ok=True)
+        try:
+            result = {f"tp{tp}": _logits_diff(rank, port, case, tp) for tp in (1, 2)}
+            result["round_trip"] = _round_trip_misses(rank, case)  # at TP=2, the last layout built
+            # transformers saves on the global rank 0 only
+            result["loaded_buffers"] = _buffers_after_loading(case, where / "hf") if rank == 0 else []
+        except Exception:  # recorded for the case's test; the world stops (the ranks' collectives pair up)
+            Path(where, f"{rank}.error").write_text(traceback.format_exc())
+            raise
+        Path(where, f"{rank}.json").write_text(json.dumps(result))
+
+
+def _logits_diff(rank: int, port: int, case: str, tp: int) -> float:
+    """max |megatron - HF| over this rank's logits of `case` at TP=`tp` (the model stays loaded)."""
     from entrepot.resharding import ParallelLayout
     from entrepot.resharding.engines.megatron import MegatronTrainingEngine
 
-    init_parallel(rank, port, tp=2)
-    hf = hf_model(architecture)
-    (model,) = megatron_chunks(hf.config, tp=2, pp=1)
+    init_parallel(rank, port, tp=tp)
+    hf = hf_model(case)
+    (model,) = megatron_chunks(hf.config, tp=tp, pp=1)
     engine = MegatronTrainingEngine(model)
-    layout = ParallelLayout(tp=2)
+    layout = ParallelLayout(tp=tp)
     assert engine.layout == layout, engine.layout
     _load_hf_weights(hf, engine, layout, rank)
+    model.setup_embeddings_and_output_layer()
     tokens, positions = _tokens(hf.config.vocab_size)
     with torch.no_grad():
-        logits = model(tokens, positions, attention_mask=None)  # [B, S, V / 2]
-        columns = hf(input_ids=tokens).logits.chunk(2, dim=-1)[rank]  # [B, S, V / 2]
+        logits = model(tokens, positions, attention_mask=None)  # [B, S, V / tp]
+        columns = hf(input_ids=tokens).logits.chunk(tp, dim=-1)[layout.coords(rank, WORLD).tp_rank]
     assert logits.shape == columns.shape, (logits.shape, columns.shape)
-    diff = float((logits - columns).abs().max())
-    assert diff <= ATOL, f"{architecture} rank {rank}: max |megatron - HF| = {diff:.2e} > {ATOL}"
+    _LOADED[case] = (hf, engine, layout)
+    return float((logits - columns).abs().max())
+
+
+_LOADED: dict[str, tuple[Any, Any, Any]] = {}  # case -> (HF model, engine, layout) of its last build
+
+
+def _buffers_after_loading(case: str, directory: Any) -> list[str]:
+    """Save `case`'s HF model, load it back with ``from_pretrained``: the buffers that differ."""
+    import transformers
+
+    hf = hf_model(case)
+    hf.save_pretrained(directory)
+    loaded = getattr(transformers, hf.config.architectures[0]).from_pretrained(directory, dtype=torch.float32)
+    ours, theirs = dict(hf.named_buffers()), dict(loaded.named_buffers())
+    return [n for n in sorted(ours) if n not in theirs or not torch.equal(ours[n], theirs[n])]
+
+
+def _round_trip_misses(rank: int, case: str) -> list[str]:
+    """HF -> TP shards (in the GPTModel) -> HF: the names whose tensor differs from HF's (or is missing)."""
+    import torch.distributed as dist
+
+    from entrepot.resharding.adaptors import get_adaptor
+
+    hf, engine, layout = _LOADED.pop(case)
+    adaptor = get_adaptor(hf.config.architectures[0], hf.config)
+    mine = {name: t.detach().clone() for name, t in engine.named_train_parameters().items()}
+    shards: list[Any] = [None] * WORLD
+    coords = layout.coords(rank, WORLD)
+    dist.all_gather_object(shards, ((coords.tp_rank, coords.pp_rank), mine))
+    back = adaptor.train_to_hf(adaptor.unshard(dict(shards), layout))
+    state = {name: p.detach() for name, p in hf.state_dict().items()}
+    if hf.config.tie_word_embeddings:  # one tensor: training and the HF checkpoint keep the embedding
+        state.pop("lm_head.weight")
+    names = sorted(set(state) | set(back))
+    return [n for n in names if n not in back or n not in state or not torch.equal(back[n], state[n])]
 
 
 def check_tied_pipeline(rank: int, port: int) -> None:

@@ -23,6 +23,7 @@ from entrepot.resharding.errors import (
     ShapeMismatchError,
     UnknownArchitectureError,
     UnknownWeightError,
+    UnsupportedModelError,
 )
 from entrepot.resharding.layout import ParallelLayout, RankCoords
 from entrepot.resharding.manager import MODES, LocalResharder, ShardingManager, TransitionRecord
@@ -59,6 +60,7 @@ __all__ = [
     "TransitionRecord",
     "UnknownArchitectureError",
     "UnknownWeightError",
+    "UnsupportedModelError",
     "WeightAdaptor",
     "WeightResharder",
     "__version__",

@@ -19,6 +19,7 @@ __all__ = [
     "ShapeMismatchError",
     "UnknownArchitectureError",
     "UnknownWeightError",
+    "UnsupportedModelError",
 ]
 
 
@@ -72,6 +73,13 @@ class UnknownArchitectureError(ReshardError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+class UnsupportedModelError(ReshardError, ValueError):
+    """A model config value an engine's recipe cannot build (a RoPE scaling type, an activation, a bias).
+
+    The message names the config key, its value and what is allowed.
+    """
 
 
 class ChecksumMismatchError(ReshardError):

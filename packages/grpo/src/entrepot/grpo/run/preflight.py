@@ -113,7 +113,8 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
     budgets (`entrepot.grpo.data.checks.check_task_fits`), imports the custom verifiers and checks
     every verifier name (`registry_names.check_reward_names`), loads the
     model directory's config and tokenizer (not its weights), checks its shape against the parallel
-    layout, the longest sequence and the tokenizer, checks the reference directory and the
+    layout, the longest sequence and the tokenizer (and, with engine.train=megatron, that megatron's
+    recipe builds its architecture and RoPE), checks the reference directory and the
     reward-model directories (configs and tokenizers), reads the prompt files and reads every gold
     answer the way the math verifiers will (`rewards.check_gold_answers`). A multi-turn run imports
     its environment and, with a local model, checks that its chat template is append-only
@@ -134,6 +135,7 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
 
         hf_config = load_model_config(config.model.path)
         _check_model_shape(config, hf_config)
+        _check_megatron_recipe(config, hf_config)
         tokenizer = load_tokenizer(config.model.path)
         vocab = getattr(hf_config, "vocab_size", None)
         if vocab is not None and len(tokenizer) > vocab:
@@ -233,3 +235,19 @@ def _check_model_shape(config: GRPOConfig, hf_config: Any) -> None:
             f"this config allows ({longest}); lower data.max_prompt_tokens or "
             + ("multiturn.max_tokens" if config.multiturn.enabled else "rollout.max_new_tokens")
         )
+
+
+def _check_megatron_recipe(config: GRPOConfig, hf_config: Any) -> None:
+    """engine.train=megatron: the megatron-core recipe builds model.path's architecture, layers and RoPE."""
+    if not choose_engines(config.engine).train.shards_weights:
+        return
+    from entrepot.resharding import UnknownArchitectureError, UnsupportedModelError
+    from entrepot.resharding.engines.megatron_support import check_megatron_support
+
+    try:
+        check_megatron_support(hf_config)
+    except (UnknownArchitectureError, UnsupportedModelError) as exc:
+        raise GRPOConfigError(
+            f"model.path ({config.model.path!r}) with engine.train=megatron: its config.json's {exc} "
+            "(engine.train=torch trains what transformers loads)"
+        ) from None

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.utils._device
 
 from entrepot.resharding.errors import EngineError, MissingExtraError
 
@@ -105,6 +106,10 @@ def _patch_torch() -> None:
         setattr(torch.cuda, name, replacement)
     setattr(torch.cuda.random, "get_rng_state", cuda_calls["get_rng_state"])  # noqa: B010
     setattr(torch.Tensor, "cuda", lambda self, *args, **kwargs: self)  # noqa: B010
+    # `with torch.device(...)` recognises factories by identity, in a set built (and cached) at its
+    # first use: built after the patch it would hold the wrappers, and transformers' meta-device
+    # `from_pretrained` would then leave RoPE's `inv_freq` buffer uninitialised (garbage rotations).
+    torch.utils._device._device_constructors()
     for name in _FACTORIES:
         setattr(torch, name, _cuda_to_cpu(getattr(torch, name)))
 

@@ -1,7 +1,9 @@
 """A megatron-core ``GPTModel`` built from an HF config, in the training layout the weight adaptors cut.
 
 One builder for every dense architecture with an adaptor: GPT-2 (learned positions, LayerNorm,
-tanh-GELU, biases, tied embeddings), Llama, Qwen2 (QKV bias) and Qwen3 (QK RMSNorm). The model
+tanh-GELU, biases, tied embeddings), Llama (RoPE with its linear / llama3 scaling, RMSNorm, SwiGLU,
+GQA, tied or untied head), Qwen2 (QKV bias) and Qwen3 (per-head q/k RMSNorm). What a config asks for
+beyond that is refused by ``megatron_support.check_megatron_support`` before a module is built. The model
 uses megatron-core's local layer spec (no Transformer Engine needed), so the same module runs on
 CPU (see ``megatron_cpu``) and on GPU; weights are loaded afterwards by name
 (``WeightAdaptor.shard`` -> ``copy_weights_in_place``).
@@ -16,24 +18,13 @@ import torch.nn.functional as F
 
 from entrepot.resharding.adaptors.gpt2 import gpt2_activation
 from entrepot.resharding.engines.megatron import require_megatron
-from entrepot.resharding.errors import UnknownArchitectureError
+from entrepot.resharding.engines.megatron_support import (
+    MEGATRON_ARCHITECTURES,
+    check_megatron_support,
+    rope_arguments,
+)
 
 __all__ = ["MEGATRON_ARCHITECTURES", "gpt_model_chunks", "transformer_config"]
-
-MEGATRON_ARCHITECTURES = ("GPT2LMHeadModel", "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-
-
-def _architecture(hf_config: Any) -> str:
-    names = list(getattr(hf_config, "architectures", None) or [])
-    model_type = getattr(hf_config, "model_type", "")
-    by_type = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-               "qwen3": "Qwen3ForCausalLM"}  # fmt: skip
-    name = names[0] if names else by_type.get(model_type, model_type)
-    if name not in MEGATRON_ARCHITECTURES:
-        raise UnknownArchitectureError(
-            f"no megatron-core GPTModel recipe for {name!r}; known: {', '.join(MEGATRON_ARCHITECTURES)}"
-        )
-    return name
 
 
 def transformer_config(hf_config: Any, *, cpu: bool, params_dtype: torch.dtype = torch.float32,
@@ -53,7 +44,7 @@ def transformer_config(hf_config: Any, *, cpu: bool, params_dtype: torch.dtype =
     require_megatron()
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    arch = _architecture(hf_config)
+    arch = check_megatron_support(hf_config)
     gpt2 = arch == "GPT2LMHeadModel"
     heads = hf_config.n_head if gpt2 else hf_config.num_attention_heads
     hidden = hf_config.n_embd if gpt2 else hf_config.hidden_size
@@ -114,11 +105,11 @@ def gpt_model_chunks(hf_config: Any, config: Any) -> list[torch.nn.Module]:
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
 
-    arch = _architecture(hf_config)
+    arch = check_megatron_support(hf_config)
     gpt2 = arch == "GPT2LMHeadModel"
     spec = get_gpt_layer_local_spec(qk_layernorm=arch == "Qwen3ForCausalLM")
-    rope = getattr(hf_config, "rope_parameters", None) or {}
-    rope_theta = rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    position = {"position_embedding_type": "learned_absolute"} if gpt2 else {
+        "position_embedding_type": "rope", **rope_arguments(hf_config)}  # fmt: skip
     vpp = config.virtual_pipeline_model_parallel_size or 1
     chunks: list[torch.nn.Module] = []
     for stage in range(vpp):
@@ -132,9 +123,8 @@ def gpt_model_chunks(hf_config: Any, config: Any) -> list[torch.nn.Module]:
                 pre_process=mpu.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
                 post_process=mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
                 share_embeddings_and_output_weights=bool(getattr(hf_config, "tie_word_embeddings", gpt2)),
-                position_embedding_type="learned_absolute" if gpt2 else "rope",
-                rotary_base=int(rope_theta),
                 vp_stage=vp_stage,
+                **position,
             )
         )
     return chunks

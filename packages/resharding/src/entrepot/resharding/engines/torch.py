@@ -88,6 +88,20 @@ def copy_weights_in_place(
             targets[name].copy_(weight, non_blocking=True)
 
 
+def _in_owned_memory(module: nn.Module) -> nn.Module:
+    """`module` with every parameter in memory this process owns, tied parameters still one tensor.
+
+    ``from_pretrained`` maps a safetensors file: those storages cannot be resized, and `offload`
+    frees weights by resizing their storages to 0. Such a parameter gets a copy in process memory
+    (once: the mapped pages are the page cache's, dropped with the mapping).
+    """
+    with torch.no_grad():
+        for param in module.parameters():  # each distinct parameter once (a tied head is the embedding)
+            if not param.untyped_storage().resizable():
+                param.data = param.data.clone()
+    return module
+
+
 class TorchInferenceEngine:
     """An ``nn.Module`` used for generation, as an ``InferenceEngine``.
 
@@ -99,7 +113,7 @@ class TorchInferenceEngine:
     """
 
     def __init__(self, module: nn.Module) -> None:
-        self.module = module
+        self.module = _in_owned_memory(module)
         # Tied weights (lm_head = embedding) answer to both names; one of them is enough.
         self._params = dict(module.named_parameters(remove_duplicate=False))
         self._required = [name for name, _ in module.named_parameters()]
