@@ -12,7 +12,9 @@ from entrepot.grpo.algo.chunked_head import chunk_rows, chunked_logprobs
 from entrepot.grpo.algo.hidden_states import head_weight
 
 
-def _whole(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _whole(
+    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Today's unchunked maths: [R, V] logits, log_softmax, gather, -sum p log p."""
     log_probs = F.log_softmax((hidden @ weight.t()).float(), dim=-1)  # [R, V]
     return log_probs.gather(-1, labels[:, None]).squeeze(-1), -(log_probs.exp() * log_probs).sum(-1)
@@ -28,7 +30,9 @@ def test_values_and_gradients_equal_the_unchunked_head(rows: int) -> None:
 
     logp, entropy = _whole(hidden, weight, labels)
     grads = torch.autograd.grad((a * logp + b * entropy).sum(), (hidden, weight))
-    c_logp, c_entropy = chunked_logprobs(hidden, weight, labels, with_entropy=True, entropy_grad=True, rows=rows)
+    c_logp, c_entropy = chunked_logprobs(
+        hidden, weight, labels, with_entropy=True, entropy_grad=True, rows=rows
+    )
     assert c_entropy is not None
     c_grads = torch.autograd.grad((a * c_logp + b * c_entropy).sum(), (hidden, weight))
 
@@ -72,7 +76,9 @@ def _gpt2() -> torch.nn.Module:
     from entrepot.grpo.engines.models import build_model
 
     torch.manual_seed(0)
-    return build_model(load_config(None, ["model.max_positions=64"]).model, VOCAB, pad_token_id=0, eos_token_id=1)
+    return build_model(
+        load_config(None, ["model.max_positions=64"]).model, VOCAB, pad_token_id=0, eos_token_id=1
+    )
 
 
 def _run(model: torch.nn.Module, packed: bool, chunked: bool, monkeypatch: pytest.MonkeyPatch) -> tuple:

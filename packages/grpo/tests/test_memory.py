@@ -77,7 +77,10 @@ def test_offload_keys_lower_the_device_peak_at_the_switch() -> None:
     on_gpu = ["engine.device=cuda", "engine.offload_reference=false"]
     resident = estimate_memory(load_config(None, on_gpu))
     offloaded = estimate_memory(load_config(None, [*on_gpu, *OFFLOAD]))
-    (resident_device, resident_host), (device, host) = resident.stages["generate"], offloaded.stages["generate"]
+    (resident_device, resident_host), (device, host) = (
+        resident.stages["generate"],
+        offloaded.stages["generate"],
+    )
     # params and optimizer state wait in host memory while generating; the gradients are dropped
     assert host == offloaded.params + offloaded.optimizer
     assert resident_host == 0

@@ -83,10 +83,9 @@ def packed_hidden(model: torch.nn.Module, batch: ResponseBatch, keep: torch.Tens
             layout.keep.to(device),
             lambda q, k, v: shared_prefix_attention(q, k, v, prefix, q.shape[-1] ** -0.5),
         )
-    decoder = _decoder(model)
     if layout is not None:
         with packed_attention(model):
-            output = decoder(
+            output = _decoder(model)(
                 input_ids=batch.tokens[layout.order][None].to(device),
                 attention_mask=torch.ones(1, layout.num_tokens, dtype=torch.int64, device=device),
                 position_ids=layout.position_ids[None].to(device),
@@ -113,7 +112,7 @@ def packed_hidden(model: torch.nn.Module, batch: ResponseBatch, keep: torch.Tens
             ),
         )
     with packed_attention(model):
-        output = decoder(
+        output = _decoder(model)(
             input_ids=batch.tokens[None].to(device),
             attention_mask=torch.ones(1, batch.tokens.numel(), dtype=torch.int64, device=device),
             position_ids=position_ids[None].to(device),

@@ -55,17 +55,33 @@ def enable(model: torch.nn.Module) -> int:
     wrapped = 0
     for module in hf_module.modules():
         if isinstance(module, GradientCheckpointingLayer) and "forward" not in module.__dict__:
-            module.forward = functools.partial(_checkpointed, module.forward)  # type: ignore[method-assign]
+            config = next((m.config for m in module.modules() if hasattr(m, "config")), None)
+            module.forward = functools.partial(_checkpointed, module.forward, config)  # type: ignore[method-assign]
             wrapped += 1
     return wrapped
 
 
-def _checkpointed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """An HF layer's forward under `checkpoint` while training without a cache, as it is otherwise."""
-    if (
-        torch.is_grad_enabled()
-        and kwargs.get("past_key_values") is None
-        and kwargs.get("past_key_value") is None
-    ):
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-    return forward(*args, **kwargs)
+_CACHE_KWARGS = ("cache", "past_key_values", "past_key_value", "layer_past")  # HF's names across layers
+
+
+def _checkpointed(forward: Callable[..., Any], config: Any, *args: Any, **kwargs: Any) -> Any:
+    """An HF layer's forward under `checkpoint` while training without a cache, as it is otherwise.
+
+    The recompute runs in the backward pass and reads the attention choice from the shared config:
+    the caller keeps it as it was (`algo.update` runs the backward inside `packed_attention`); a
+    recompute that would attend otherwise raises rather than give other gradients.
+    """
+    if not torch.is_grad_enabled() or any(kwargs.get(name) is not None for name in _CACHE_KWARGS):
+        return forward(*args, **kwargs)
+    attention = getattr(config, "_attn_implementation", None)
+
+    def recomputable(*args: Any, **kwargs: Any) -> Any:
+        now = getattr(config, "_attn_implementation", None)
+        if now != attention:
+            raise RuntimeError(
+                f"activation checkpointing: the backward pass recomputes a layer with attention {now!r}, "
+                f"its forward ran with {attention!r}; run the backward inside the same attention switch"
+            )
+        return forward(*args, **kwargs)
+
+    return checkpoint(recomputable, *args, use_reentrant=False, **kwargs)
