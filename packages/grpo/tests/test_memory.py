@@ -154,8 +154,8 @@ def test_the_update_counts_activations_and_logits_and_checkpointing_lowers_them(
     assert plain.activations > checkpointed.activations > 0 and plain.logits == checkpointed.logits > 0
     update_device, _ = plain.stages["update"]
     # HF generate's copy is dropped between rollouts (`_idle_rollout_weights`)
-    assert update_device == (plain.params + plain.grads + plain.optimizer + plain.reference + plain.activations
-                             + plain.logits + plain.runtime)  # fmt: skip
+    state = plain.params + plain.grads + plain.optimizer + plain.reference
+    assert update_device == state + plain.activations + plain.logits + plain.runtime
     assert "prompts shared" in plain.activations_basis and "checkpointed" in checkpointed.activations_basis
 
 

@@ -59,7 +59,7 @@ def _llama() -> torch.nn.Module:
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=3,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)  # fmt: skip
+                         num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
     return LlamaForCausalLM(config).eval()
 
 

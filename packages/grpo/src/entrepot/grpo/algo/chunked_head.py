@@ -47,7 +47,7 @@ class _ChunkedHead(torch.autograd.Function):
     """(hidden [R, E], weight [V, E], labels [R]) -> (logp [R], entropy [R]); see the module docstring."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, rows: int,
         with_entropy: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
@@ -65,7 +65,7 @@ class _ChunkedHead(torch.autograd.Function):
         return logp, entropy
 
     @staticmethod
-    def backward(  # type: ignore[override]
+    def backward(
         ctx: Any, grad_logp: torch.Tensor | None, grad_entropy: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
         hidden, weight, labels, entropy = ctx.saved_tensors

@@ -59,7 +59,7 @@ def _decoder(model: torch.nn.Module) -> torch.nn.Module:
     """The decoder stack of an HF causal LM (what runs before `lm_head`), peft adapters included."""
     base: Any = _base_model(model)
     if isinstance(base, EmbeddedGPT2):
-        transformer: torch.nn.Module = base.hf_view().transformer
+        transformer: Any = base.hf_view().transformer
         return transformer
     decoder: torch.nn.Module = base.get_decoder()
     return decoder

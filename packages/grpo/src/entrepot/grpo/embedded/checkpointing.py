@@ -56,7 +56,7 @@ def enable(model: torch.nn.Module) -> int:
     for module in hf_module.modules():
         if isinstance(module, GradientCheckpointingLayer) and "forward" not in module.__dict__:
             config = next((m.config for m in module.modules() if hasattr(m, "config")), None)
-            module.forward = functools.partial(_checkpointed, module.forward, config)  # type: ignore[method-assign]
+            module.forward = functools.partial(_checkpointed, module.forward, config)
             wrapped += 1
     return wrapped
 
