@@ -77,21 +77,26 @@ class _ChunkedHead(torch.autograd.Function):
         for start in range(0, hidden.shape[0], ctx.rows):
             part = slice(start, start + ctx.rows)
             h = hidden[part]  # [C, E]
-            log_probs, _ = _chunk_values(h, weight, labels[part])
+            log_probs, _ = _chunk_values(h, weight, labels[part])  # [C, V]
+            # dL/dz = p * (-g_logp - g_H (log p + H)) + onehot(y) g_logp, built in place: two [C, V]
             probs = log_probs.exp()  # [C, V]
-            grad_logits = torch.zeros_like(probs)  # [C, V]
-            if grad_logp is not None:
-                g = grad_logp[part].float()  # [C]
-                grad_logits -= probs * g[:, None]
-                grad_logits.scatter_add_(-1, labels[part][:, None], g[:, None])
+            g_logp = (
+                torch.zeros(h.shape[0], device=h.device) if grad_logp is None else grad_logp[part].float()
+            )
             if grad_entropy is not None:  # only with entropy_grad, so the entropy was computed
-                g = grad_entropy[part].float()  # [C]
-                grad_logits -= probs * (log_probs + entropy[part][:, None]) * g[:, None]
+                g_entropy = grad_entropy[part].float()[:, None]  # [C, 1]
+                grad_logits = log_probs.add_(entropy[part][:, None]).mul_(-g_entropy)  # [C, V]
+                grad_logits.sub_(g_logp[:, None]).mul_(probs)
+                del probs
+            else:
+                del log_probs
+                grad_logits = probs.mul_(-g_logp[:, None])  # [C, V]
+            grad_logits.scatter_add_(-1, labels[part][:, None], g_logp[:, None])
             grad_logits = grad_logits.to(weight.dtype)
             if grad_hidden is not None:
                 grad_hidden[part] = grad_logits @ weight  # [C, E]
             if grad_weight is not None:
-                grad_weight += grad_logits.t() @ h  # [V, E]
+                grad_weight.addmm_(grad_logits.t(), h)  # [V, E], in place
         return grad_hidden, grad_weight, None, None, None
 
 
