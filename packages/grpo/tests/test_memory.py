@@ -77,12 +77,16 @@ def test_offload_keys_lower_the_device_peak_at_the_switch() -> None:
     on_gpu = ["engine.device=cuda", "engine.offload_reference=false"]
     resident = estimate_memory(load_config(None, on_gpu))
     offloaded = estimate_memory(load_config(None, [*on_gpu, *OFFLOAD]))
-    assert offloaded.peak_bytes < resident.peak_bytes
+    (resident_device, resident_host), (device, host) = (
+        resident.stages["generate"],
+        offloaded.stages["generate"],
+    )
     # params and optimizer state wait in host memory while generating; the gradients are dropped
-    assert offloaded.peak_stage == "generate"
-    assert offloaded.offloaded_bytes == offloaded.params + offloaded.optimizer
-    assert resident.offloaded_bytes == 0
-    assert resident.peak_bytes - offloaded.peak_bytes == resident.params + resident.grads + resident.optimizer
+    assert host == offloaded.params + offloaded.optimizer
+    assert resident_host == 0
+    assert resident_device - device == resident.params + resident.grads + resident.optimizer
+    # the update needs them all back: offloading does not lower it
+    assert offloaded.stages["update"] == resident.stages["update"]
 
 
 def test_on_cpu_offloading_moves_bytes_and_only_dropped_grads_free_any() -> None:
@@ -92,7 +96,8 @@ def test_on_cpu_offloading_moves_bytes_and_only_dropped_grads_free_any() -> None
     )
     dropped = estimate_memory(load_config(None, ["engine.offload_grads=true"]))
     assert moved.host_need_bytes == resident.host_need_bytes
-    assert resident.host_need_bytes - dropped.host_need_bytes == resident.grads
+    generate = {name: sum(e.stages["generate"]) for name, e in (("resident", resident), ("dropped", dropped))}
+    assert generate["resident"] - generate["dropped"] == resident.grads
 
 
 def test_tp2_halves_the_sharded_figures_per_rank() -> None:
@@ -135,3 +140,26 @@ def test_vllm_kv_cache_bytes_rounds_up_to_whole_blocks() -> None:
         num_hidden_layers, num_attention_heads, num_key_value_heads, hidden_size = 2, 4, 2, 64
 
     assert vllm_kv_cache_bytes(Config(), 129, 3) == 2 * 2 * 2 * 16 * 4 * 3 * 256
+
+
+def test_the_update_counts_activations_and_logits_and_checkpointing_lowers_them(tmp_path: Path) -> None:
+    import json
+
+    directory = tiny_model_dir(tmp_path / "m", "llama")
+    config_file = directory / "config.json"  # 4 layers: only the config is read
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "num_hidden_layers": 4}))
+    llama = [f"model.path={directory}", "data.task=reverse"]
+    plain = estimate_memory(load_config(None, llama))
+    checkpointed = estimate_memory(load_config(None, [*llama, "engine.activation_checkpointing=true"]))
+    assert plain.activations > checkpointed.activations > 0 and plain.logits == checkpointed.logits > 0
+    update_device, _ = plain.stages["update"]
+    # HF generate's copy is dropped between rollouts (`_idle_rollout_weights`)
+    state = plain.params + plain.grads + plain.optimizer + plain.reference
+    assert update_device == state + plain.activations + plain.logits + plain.runtime
+    assert "prompts shared" in plain.activations_basis and "checkpointed" in checkpointed.activations_basis
+
+
+def test_a_bfloat16_reference_counts_half() -> None:
+    full = estimate_memory(load_config(None, []))
+    half = estimate_memory(load_config(None, ["model.reference_dtype=bfloat16"]))
+    assert half.reference * 2 == full.reference == full.params

@@ -187,17 +187,37 @@ def _memory(config: GRPOConfig, estimate: MemoryEstimate) -> Section:
     if e.reshard_scratch:
         rows.append(("reshard scratch", f"{size(e.reshard_scratch)} (at most engine.reshard_bucket_mb)"))
     rows.append(("KV cache", f"{size(e.kv_cache)} ({e.kv_cache_basis})"))
+    rows.append(("activations", f"{size(e.activations)} ({e.activations_basis})"))
+    rows.append(("logits", f"{size(e.logits)} (the update's LM head)"))
+    if e.runtime:
+        rows.append(("runtime", f"{size(e.runtime)} (the process: Python, torch, transformers, tokenizer)"))
     for stage, (device, host) in e.stages.items():
         mark = "  <- peak" if stage == e.peak_stage else ""
-        rows.append((f"switch: {stage}", f"{size(device)} on the device, {size(host)} in host memory{mark}"))
+        label = stage if stage == "update" else f"switch: {stage}"
+        rows.append((label, f"{size(device)} on the device, {size(host)} in host memory{mark}"))
     train = config.parallel.train
     layout = f"DP {config.resources.num_actor_workers} x TP {train.tensor} x PP {train.pipeline}"
     rows.append(
         ("actor ranks", f"{e.num_ranks} ({layout}), all on this machine unless a cluster spreads them")
     )
     rows.append(("verdict", verdict(e)))
-    title = "Memory estimate per actor rank (float32; activations and runtimes not counted)"
+    title = "Memory estimate per actor rank (float32 unless model.reference_dtype says otherwise)"
     return Section(title, rows)
+
+
+def memory_lines(estimate: MemoryEstimate) -> str:
+    """The estimate's peak and its parts, for `rl grpo config validate` (two lines)."""
+    e = estimate
+    where = "the device" if not e.on_cpu else "host memory (engine.device=cpu)"
+    peak = e.peak_bytes + (e.offloaded_bytes if e.on_cpu else 0)
+    parts = [("weights", e.params), ("reference", e.reference), ("grads", e.grads),
+             ("optimizer", e.optimizer), ("activations", e.activations), ("logits", e.logits),
+             ("KV cache", e.kv_cache), ("rollout copy", e.rollout_weights),
+             ("runtime", e.runtime)]  # fmt: skip
+    return (
+        f"memory estimate per actor rank: peak {size(peak)} in {where}, at the {e.peak_stage}\n"
+        "  " + ", ".join(f"{name} {size(value)}" for name, value in parts)
+    )
 
 
 def _reward_models_basis(config: GRPOConfig) -> str:

@@ -60,6 +60,10 @@ def show(config: ConfigOption = None, overrides: OverridesArgument = None) -> No
 def validate(
     path: Annotated[Path, typer.Argument(help="YAML file to check.", show_default=False)],
     overrides: OverridesArgument = None,
+    memory: Annotated[
+        bool,
+        typer.Option("--memory", "-m", help="Also print the memory estimate per actor rank (loads torch)."),
+    ] = False,
 ) -> None:
     """Check a configuration without running it: keys, types, values, combinations, this machine, and
     the inputs (the model directory's config and tokenizer, every prompt of the prompt files)."""
@@ -69,10 +73,17 @@ def validate(
         resolved = load_checked_config(path, overrides or [])
         check_machine(resolved)
         check_inputs(resolved, every_prompt=True)
+        if memory:
+            from entrepot.cli._doctor import memory_lines
+            from entrepot.grpo.run.memory import estimate_memory
+
+            lines = memory_lines(estimate_memory(resolved))
     typer.echo(
         f"{path}: ok ({resolved.max_steps} steps, {resolved.rollout.prompts_per_step} prompts x "
         f"{resolved.rollout.n_samples_per_prompt} samples, task {resolved.data.task})"
     )
+    if memory:
+        typer.echo(lines)
 
 
 @config_app.command("keys")

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from entrepot.grpo.algo.chunked_head import chunked_logprobs
 from entrepot.grpo.embedded import gpt2_forward
 from entrepot.grpo.embedded.gpt2_model import EmbeddedGPT2
 from entrepot.grpo.embedded.shared_prefix import (
@@ -283,6 +284,10 @@ def response_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of each response token under `model`, and the policy entropy at that position.
 
+    Models whose logits are a plain linear head on the final hidden states (`algo.hidden_states`)
+    get them through `algo.chunked_head`, a chunk of rows at a time (the [R, V] logits are never
+    whole); the others through their full logits.
+
     Args:
         model: an HF causal LM.
         batch: the rows (on CPU; inputs are moved to the model's device).
@@ -294,13 +299,24 @@ def response_logprobs(
     Returns:
         logp [R] and entropy [R] (or None), on the model's device.
     """
+    from entrepot.grpo.algo import hidden_states  # it builds on this module's rows and attention
+
     keep = batch.predicting_positions()  # [R]
+    labels = batch.tokens[keep + 1]  # [R]
+    head = hidden_states.head_weight(model)
+    if head is not None:
+        if packed:
+            hidden = hidden_states.packed_hidden(model, batch, keep)
+        else:
+            hidden = hidden_states.padded_hidden(model, batch, keep, pad_token_id)
+        return chunked_logprobs(hidden, head, labels.to(hidden.device), with_entropy=with_entropy,
+                                entropy_grad=entropy_grad)  # fmt: skip
     if packed:
         logits = _packed_logits(model, batch, keep)
     else:
         logits = _padded_logits(model, batch, keep, pad_token_id)
     log_probs = F.log_softmax(logits.float(), dim=-1)  # [R, V]
-    labels = batch.tokens[keep + 1].to(log_probs.device)  # [R]
+    labels = labels.to(log_probs.device)  # [R]
     logp = log_probs.gather(-1, labels[:, None]).squeeze(-1)  # [R]
     entropy = None
     if with_entropy:

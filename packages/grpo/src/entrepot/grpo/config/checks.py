@@ -25,6 +25,7 @@ __all__ = [
     "check_colocation",
     "check_layout_fits_model",
     "check_lora",
+    "check_memory_savers",
     "check_model_source",
     "check_multiturn",
     "check_parallel",
@@ -229,6 +230,16 @@ def check_lora(model: ModelConfig, engine: EngineConfig) -> None:
     check(not model.lora.enabled or engine.train == "torch", "model.lora.rank", model.lora.rank,
           f"0 with engine.train={engine.train!r}: LoRA adapters run on engine.train=torch (megatron-core "
           "has no peft integration here; train the full model there)")  # fmt: skip
+
+
+def check_memory_savers(model: ModelConfig, engine: EngineConfig) -> None:
+    """A lower-precision reference and activation checkpointing are built by the torch engine."""
+    check(model.reference_dtype == "float32" or engine.train == "torch", "model.reference_dtype",
+          model.reference_dtype, f"'float32' with engine.train={engine.train!r} (megatron builds its own "
+          "float32 reference)")  # fmt: skip
+    check(not engine.activation_checkpointing or engine.train == "torch", "engine.activation_checkpointing",
+          True, f"false with engine.train={engine.train!r} (the torch engine's HF and written-out forwards "
+          "checkpoint their layers; megatron's recompute is not wired here)")  # fmt: skip
 
 
 def check_async(

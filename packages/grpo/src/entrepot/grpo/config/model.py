@@ -13,10 +13,11 @@ from typing import Literal
 from entrepot.grpo.config.fields import check, check_choice, doc
 from entrepot.grpo.config.lora import LoraConfig
 
-__all__ = ["Architecture", "DataConfig", "ModelConfig", "TaskName"]
+__all__ = ["Architecture", "DataConfig", "ModelConfig", "ReferenceDtype", "TaskName"]
 
 TaskName = Literal["reverse", "addition", "jsonl", "parquet"]
 Architecture = Literal["gpt2", "qwen2"]
+ReferenceDtype = Literal["float32", "bfloat16"]
 
 
 @dataclass(kw_only=True)
@@ -60,6 +61,13 @@ class ModelConfig:
             "(and, with engine.train=megatron, the same shape); None = the policy's initial weights."
         ),
     )
+    reference_dtype: ReferenceDtype = field(
+        default="float32",
+        metadata=doc(
+            "Dtype of the frozen reference's weights: float32, or bfloat16 (half the memory; its "
+            "log-probs are still computed in float32 from its logits). engine.train=torch only."
+        ),
+    )
 
     lora: LoraConfig = field(
         default_factory=LoraConfig,
@@ -68,6 +76,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_choice("model.architecture", self.architecture, typing.get_args(Architecture))
+        check_choice("model.reference_dtype", self.reference_dtype, typing.get_args(ReferenceDtype))
         for name in ("num_layers", "hidden_size", "num_heads", "max_positions"):
             check(getattr(self, name) >= 1, f"model.{name}", getattr(self, name), ">= 1")
         check(

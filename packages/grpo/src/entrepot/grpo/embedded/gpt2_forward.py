@@ -19,9 +19,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from entrepot.grpo.embedded import checkpointing
 from entrepot.grpo.embedded.gpt2_model import hf_architecture
 
-__all__ = ["packed_logits", "supports"]
+__all__ = ["packed_hidden", "packed_logits", "supports"]
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # q, k, v [M, H, D] -> [M, H, D]
 
@@ -56,19 +57,37 @@ def packed_logits(
     1 / sqrt(D) as GPT-2's.
     """
     lm: Any = model  # an HF GPT2LMHeadModel (`supports`)
+    logits: torch.Tensor = lm.lm_head(packed_hidden(model, ids, position_ids, keep, attend))  # [R, V]
+    return logits
+
+
+def packed_hidden(
+    model: torch.nn.Module, ids: torch.Tensor, position_ids: torch.Tensor, keep: torch.Tensor, attend: Attend
+) -> torch.Tensor:
+    """Final hidden states [R, E] (after ln_f) at positions `keep`: `packed_logits` without the LM head.
+
+    Each block runs under `torch.utils.checkpoint` when the model's activation checkpointing is on
+    (`entrepot.grpo.embedded.checkpointing`).
+    """
+    lm: Any = model  # an HF GPT2LMHeadModel (`supports`)
     transformer, config = lm.transformer, lm.config
     heads = config.n_head
-    head_dim = config.n_embd // heads
     approximate = _GELU_APPROXIMATION[config.activation_function]
     hidden = transformer.wte(ids) + transformer.wpe(position_ids)  # [M, E]
     for block in transformer.h:
-        attn, mlp = block.attn, block.mlp
-        qkv = torch.addmm(attn.c_attn.bias, block.ln_1(hidden), attn.c_attn.weight)  # [M, 3E]
-        q, k, v = qkv.view(-1, 3, heads, head_dim).unbind(1)  # each [M, H, D]
-        mixed = attend(q, k, v).reshape(-1, heads * head_dim)  # [M, E]
-        hidden = hidden + torch.addmm(attn.c_proj.bias, mixed, attn.c_proj.weight)
-        inner = torch.addmm(mlp.c_fc.bias, block.ln_2(hidden), mlp.c_fc.weight)  # [M, I]
-        inner = F.gelu(inner, approximate=approximate)
-        hidden = hidden + torch.addmm(mlp.c_proj.bias, inner, mlp.c_proj.weight)
-    logits: torch.Tensor = lm.lm_head(transformer.ln_f(hidden[keep]))  # [R, V]
-    return logits
+        hidden = checkpointing.run_layer(model, _block, block, hidden, attend, heads, approximate)
+    normed: torch.Tensor = transformer.ln_f(hidden[keep])  # [R, E]
+    return normed
+
+
+def _block(block: Any, hidden: torch.Tensor, attend: Attend, heads: int, approximate: str) -> torch.Tensor:
+    """One GPT-2 block on the packed row: hidden [M, E] -> [M, E]."""
+    attn, mlp = block.attn, block.mlp
+    head_dim = hidden.shape[-1] // heads
+    qkv = torch.addmm(attn.c_attn.bias, block.ln_1(hidden), attn.c_attn.weight)  # [M, 3E]
+    q, k, v = qkv.view(-1, 3, heads, head_dim).unbind(1)  # each [M, H, D]
+    mixed = attend(q, k, v).reshape(-1, heads * head_dim)  # [M, E]
+    hidden = hidden + torch.addmm(attn.c_proj.bias, mixed, attn.c_proj.weight)
+    inner = torch.addmm(mlp.c_fc.bias, block.ln_2(hidden), mlp.c_fc.weight)  # [M, I]
+    inner = F.gelu(inner, approximate=approximate)
+    return hidden + torch.addmm(mlp.c_proj.bias, inner, mlp.c_proj.weight)

@@ -18,6 +18,7 @@ from entrepot.grpo.algo.optim import AdamW, LRSchedule, build_optimizer, total_o
 from entrepot.grpo.algo.sequences import ResponseBatch
 from entrepot.grpo.algo.update import DataParallel, UpdateInputs, compute_logprobs, ppo_update
 from entrepot.grpo.config import AlgorithmConfig, BatchingConfig, GRPOConfig
+from entrepot.grpo.embedded import checkpointing
 from entrepot.grpo.engines.frozen import FrozenOnDemand
 from entrepot.grpo.engines.manager import build_manager
 
@@ -126,7 +127,8 @@ def build_torch_side(
     reference = None
     if config.algorithm.kl_coef > 0 and config.resources.colocate:
         reference = own_reference if own_reference is not None else copy.deepcopy(model)
-        reference = reference.to(config.engine.device).requires_grad_(False).eval()
+        dtype = getattr(torch, config.model.reference_dtype)  # float32 | bfloat16 (validated)
+        reference = reference.to(config.engine.device, dtype=dtype).requires_grad_(False).eval()
     adaptor = get_adaptor(hf_architecture(model), model.config)
     engine, target = rollout.build(config, model, run_dir, True, lanes)
     trained, train_engine = model, TorchTrainingEngine(model, adaptor)
@@ -135,6 +137,8 @@ def build_torch_side(
 
         trained = apply_lora(model, config.model.lora)
         train_engine = LoraTrainingEngine(trained, adaptor)
+    if config.engine.activation_checkpointing:  # the trained module only: the reference runs no_grad
+        checkpointing.enable(trained)
     total_steps = total_optimizer_steps(config.max_steps, config.algorithm, config.rollout)
     optimizer, scheduler = build_optimizer(trained, config.algorithm, total_steps)
     trainer = TorchTrainer(

@@ -5,7 +5,8 @@ rollout copy, KV.
 device (shapes, no storage), so the parameter count is exact, the training shard of a rank is the
 one the resharding adaptor cuts for `parallel.train`'s TP / PP, and the copy the train -> rollout
 resharding allocates is found the way `ShardingManager` finds it (storages that alias no parameter).
-Every engine here computes in float32 (the config has no dtype key): 4 bytes a value.
+Every engine here computes in float32: 4 bytes a value (`model.reference_dtype: bfloat16` halves the
+reference).
 
 The peak is that of the train -> rollout switch (`ShardingManager.enter_infer_mode`) and of the
 generation that follows, taken at its three fullest moments (per rank, on the rank's device):
@@ -17,15 +18,23 @@ generation that follows, taken at its three fullest moments (per rank, on the ra
               or after it when the copy aliases them
     generate  params, grads, optimizer, reference, rollout weights, KV cache
 
+and that of the update (torch engine): params, grads, optimizer, the resident reference and idle
+rollout weights, plus the largest micro-batch's activations and LM-head logits
+(`entrepot.grpo.run.activations`); and a checkpoint's, whose `capture_state` copies params,
+reference and optimizer state into host memory before writing them. On engine.device=cpu every
+moment also counts the process's own runtime (`CPU_RUNTIME_BYTES`: Python, torch, transformers, the
+tokenizer). The CPU allocator keeps what the update freed for reuse, so later moments of a measured
+run sit somewhat above their figures here (BENCHMARKS.md: within 20% on SmolLM2-135M).
+
 `engine.offload_params`, `offload_optimizer`, `offload_reference` and `offload_reward_models` keep
 theirs in host memory meanwhile and `offload_grads` drops the gradients (the next update starts from
 zero). With `resources.colocate: false` the reference and the reward models are on their own workers:
 an actor rank holds neither. On
 engine.device=cpu host memory is the device: offloading there moves bytes without freeing any.
 
-Left out: activations (the update's forward / backward, the logits of log-prob passes and of
-generation), the CUDA context and allocator slack, vLLM's own workspace and vocabulary padding,
-megatron's gradient-buffer padding, and each worker process's own runtime.
+Left out: megatron's activations, the logits of log-prob passes and of generation, the CUDA context
+and allocator slack, vLLM's own workspace and vocabulary padding, megatron's gradient-buffer padding,
+and on accelerators each worker process's own runtime.
 """
 
 from __future__ import annotations
@@ -51,11 +60,16 @@ from entrepot.grpo.data.lengths import longest_sequence
 from entrepot.grpo.engines.registry import RolloutKind, choose_engines, rollout_kind
 from entrepot.grpo.engines.rollout_vllm import VLLM_KV_BLOCK_TOKENS, vllm_kv_cache_bytes
 from entrepot.grpo.errors import DataError
+from entrepot.grpo.run.activations import UpdateWorkingSet, update_working_set
 
 __all__ = ["MemoryEstimate", "estimate_memory", "vllm_kv_cache_bytes"]
 
 FLOAT32_BYTES = 4
 ADAM_MOMENTS = 2  # AdamW keeps exp_avg and exp_avg_sq per trained value (torch and megatron alike)
+# RSS of a CPU worker before its model: Python, torch, transformers, entrepot, the tokenizer (measured
+# at about 350 MiB with SmolLM2's tokenizer; 400 MiB leaves room for the dock and the reward worker)
+CPU_RUNTIME_BYTES = 400 * 2**20
+_REFERENCE_BYTES = {"float32": 4, "bfloat16": 2}  # per value, model.reference_dtype
 
 
 @dataclass(frozen=True)
@@ -81,7 +95,12 @@ class MemoryEstimate:
             under engine.reshard_bucket_mb (0 with engine.train=torch).
         kv_cache: the rollout engine's KV cache at its largest.
         kv_cache_basis: how `kv_cache` was sized.
-        stages: moment of the switch -> (bytes on the device, bytes kept in host memory).
+        activations: what the update's forward keeps for its backward pass (torch engine; 0 megatron).
+        logits: the update's LM-head working set (chunked, or the whole [R, V]).
+        activations_basis: how `activations` and `logits` were counted.
+        runtime: the process's own memory (engine.device=cpu; 0 on accelerators).
+        stages: moment (the switch's three, and the update) -> (bytes on the device, bytes kept in
+            host memory).
     """
 
     num_params: int
@@ -97,6 +116,10 @@ class MemoryEstimate:
     reshard_scratch: int
     kv_cache: int
     kv_cache_basis: str
+    activations: int
+    logits: int
+    activations_basis: str
+    runtime: int
     stages: Mapping[str, tuple[int, int]]
 
     @property
@@ -129,8 +152,8 @@ class MemoryEstimate:
 def estimate_memory(config: GRPOConfig) -> MemoryEstimate:
     """Bytes per actor rank of `config`'s policy, optimizer, reference, rollout engine and KV cache.
 
-    Builds nothing but a meta-device model (no weights are allocated or read). Activations are not
-    counted; see the module docstring for what else is left out.
+    Builds nothing but a meta-device model (no weights are allocated or read). See the module
+    docstring for what is left out.
 
     Raises:
         DataError: model.path is not a local HF model directory, or a file task has no model.path.
@@ -152,6 +175,13 @@ def estimate_memory(config: GRPOConfig) -> MemoryEstimate:
     copy, aliases = _resharded_copy(sharded, adaptor, train_state, kind, model.parameters())
     kv_cache, basis = _kv_cache(config.data, config.rollout, config.eval, model.config, kind, num_ranks,
                                 config.multiturn)  # fmt: skip
+    if sharded:
+        working = UpdateWorkingSet(0, 0, "megatron's activations are not counted")
+    else:
+        working = update_working_set(config, model.config, type(model).__name__, num_ranks)
+    reference = params if config.algorithm.kl_coef > 0 and config.resources.colocate else 0
+    if not sharded:  # the torch engine casts its reference to model.reference_dtype
+        reference = reference * _REFERENCE_BYTES[config.model.reference_dtype] // FLOAT32_BYTES
     estimate = MemoryEstimate(
         num_params=sum(p.numel() for p in model.parameters()),
         num_ranks=num_ranks,
@@ -159,13 +189,17 @@ def estimate_memory(config: GRPOConfig) -> MemoryEstimate:
         params=params,
         grads=params,
         optimizer=ADAM_MOMENTS * params,
-        reference=params if config.algorithm.kl_coef > 0 and config.resources.colocate else 0,
+        reference=reference,
         reward_models=_reward_model_bytes(config.reward) if config.resources.colocate else 0,
         rollout_weights=_rollout_weights(config.parallel.infer.tensor, adaptor, train_state, kind),
         resharded_copy=copy,
         reshard_scratch=config.engine.reshard_bucket_mb * 2**20 if sharded else 0,
         kv_cache=kv_cache,
         kv_cache_basis=basis,
+        activations=working.activations,
+        logits=working.logits,
+        activations_basis=working.basis,
+        runtime=CPU_RUNTIME_BYTES if config.engine.device.split(":")[0] == "cpu" else 0,
         stages={},
     )
     return _with_stages(estimate, config.engine, kind, params_leave_after_load=aliases)
@@ -318,7 +352,24 @@ def _with_stages(
             params_gone + sum(resident) + e.rollout_weights + e.kv_cache,
             sum(on_host) + e.params - params_gone,
         ),
+        "update": (  # everything the update trains with is back; the reference waits as between stages
+            e.params
+            + e.grads
+            + e.optimizer
+            + resident[2]
+            + resident[3]
+            + idle_device
+            + e.activations
+            + e.logits,
+            on_host[1] + on_host[2] + idle_host,
+        ),
+        # a checkpoint's `capture_state` copies params, reference and optimizer state to host memory
+        "checkpoint": (
+            e.params + sum(resident) + idle_device,
+            sum(on_host) + idle_host + e.params + e.reference + e.optimizer,
+        ),
     }
+    stages = {name: (device + e.runtime, host) for name, (device, host) in stages.items()}
     return replace(e, stages=stages)
 
 

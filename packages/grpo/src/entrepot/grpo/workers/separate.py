@@ -46,7 +46,8 @@ class ReferenceWorker:
         policy_model, setup = initial_model(config)
         path = config.model.ref_model_load_path
         model = policy_model if path is None else load_reference(path, policy_model)
-        self.model = model.to(config.engine.device).requires_grad_(False).eval()
+        dtype = getattr(torch, config.model.reference_dtype)  # float32 | bfloat16 (validated)
+        self.model = model.to(config.engine.device, dtype=dtype).requires_grad_(False).eval()
         self.pad_token_id = int(setup.tokenizer.pad_token_id)
 
     def ready(self) -> bool:
