@@ -42,7 +42,8 @@ def supports(model: torch.nn.Module) -> bool:
         return False
     config: Any = model.config
     dropout = float(getattr(config, "attention_dropout", 0.0) or 0.0)
-    checkpointing = bool(getattr(model, "is_gradient_checkpointing", False))
+    checkpointing = any(bool(getattr(model, key, False))
+                        for key in ("is_activation_checkpointing", "is_gradient_checkpointing"))  # fmt: skip
     return not (model.training and dropout > 0) and not checkpointing
 
 

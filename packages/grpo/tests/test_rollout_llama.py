@@ -1,0 +1,258 @@
+"""The Llama-family KV-cache engine and packed forward: HF generate's tokens, HF's log-probs and gradients.
+
+Tiny random Llama (llama3 RoPE scaling, untied head, attention and MLP biases), Qwen2 (qkv bias,
+tied head) and Qwen3 (q/k norm, yarn RoPE, one key/value head) models built here, fp32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from entrepot.grpo.algo.sequences import ResponseBatch, response_logprobs
+from entrepot.grpo.embedded import llama_forward
+from entrepot.grpo.engines.base import SamplingParams
+from entrepot.grpo.engines.registry import rollout_description
+from entrepot.grpo.engines.rollout_llama import LlamaRolloutEngine
+from entrepot.grpo.errors import GRPOConfigError
+
+VOCAB = 40
+SIZES = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "max_position_embeddings": 128}  # fmt: skip
+
+
+def _tiny(architecture: str, **overrides: Any) -> torch.nn.Module:
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
+
+    if architecture == "llama":
+        rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 32}  # fmt: skip
+        config: Any = LlamaConfig(**SIZES, num_key_value_heads=2, rope_parameters=rope,
+                                  tie_word_embeddings=False, attention_bias=True, mlp_bias=True)  # fmt: skip
+        cls: Any = LlamaForCausalLM
+    elif architecture == "qwen2":
+        config, cls = Qwen2Config(**SIZES, num_key_value_heads=2, tie_word_embeddings=True), Qwen2ForCausalLM
+    else:
+        rope = {
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 2.0,
+            "original_max_position_embeddings": 64,
+        }
+        config = Qwen3Config(**SIZES, num_key_value_heads=1, head_dim=16, rope_parameters=rope,
+                             tie_word_embeddings=True)  # fmt: skip
+        cls = Qwen3ForCausalLM
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    model = cls(config).eval()
+    with torch.no_grad():  # weights large enough for peaked, distinct logits
+        for name, p in model.named_parameters():
+            p.normal_(1.0 if "norm" in name else 0.0, 0.3)
+    return model
+
+
+ARCHITECTURES = ["llama", "qwen2", "qwen3"]
+PROMPTS = [[3, 4, 5, 6], [7, 8], [3, 4, 5, 6], [9, 10, 11]]
+
+
+def _hf_generate(
+    model: torch.nn.Module, prompts: list[list[int]], steps: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF generate's greedy tokens [B, steps] and their log-probs under its logits (left-padded batch)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p) :], mask[row, width - len(p) :] = torch.tensor(p), 1
+    settings = {"do_sample": False, "pad_token_id": 0, "eos_token_id": None, "output_logits": True,
+                "return_dict_in_generate": True}  # fmt: skip
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=steps, **settings)
+    tokens = out.sequences[:, width:]
+    logp = torch.stack(out.logits, 1).float().log_softmax(-1).gather(2, tokens[:, :, None]).squeeze(2)
+    return tokens, logp
+
+
+def _owned(model: torch.nn.Module, lanes: int = 1) -> LlamaRolloutEngine:
+    engine = LlamaRolloutEngine.of(model, lanes=lanes)
+    engine.load_weights(dict(model.state_dict()))
+    return engine
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_greedy_tokens_and_log_probs_are_hf_generates(architecture: str) -> None:
+    model = _tiny(architecture)
+    tokens, logp = _hf_generate(model, PROMPTS, 8)
+    for engine in (_owned(model), LlamaRolloutEngine.reading(model)):
+        out = engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=8))
+        assert torch.equal(out.tokens.view(len(PROMPTS), 8), tokens)
+        torch.testing.assert_close(out.logprobs.view(len(PROMPTS), 8), logp, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_sampled_log_probs_are_the_models(architecture: str) -> None:
+    """The log-prob the engine reports for each sampled token is HF's (the packed pass's) for it."""
+    model = _tiny(architecture)
+    engine = LlamaRolloutEngine.reading(model)
+    out = engine.generate(
+        PROMPTS, SamplingParams(max_new_tokens=6), generator=torch.Generator().manual_seed(1)
+    )
+    batch = ResponseBatch.from_packed(
+        torch.tensor([t for p in PROMPTS for t in p]), torch.tensor([len(p) for p in PROMPTS]),
+        out.tokens, out.lengths,
+    )  # fmt: skip
+    with torch.no_grad():
+        theirs, _ = response_logprobs(model, batch, packed=False)  # HF's forward on the padded grid
+    torch.testing.assert_close(out.logprobs, theirs, atol=1e-5, rtol=0)
+
+
+def test_prefix_sharing_and_lanes_do_not_change_the_samples(monkeypatch: pytest.MonkeyPatch) -> None:
+    from entrepot.grpo.engines import kv_decoding
+
+    model = _tiny("qwen2")
+    prefilled: list[int] = []
+    one = _owned(model)
+    forward = one._forward
+
+    def counting(ids: torch.Tensor, *args: Any) -> torch.Tensor:
+        prefilled.append(ids.shape[0])
+        return forward(ids, *args)
+
+    one._forward = counting  # type: ignore[method-assign]
+    group = [p for p in PROMPTS[:2] for _ in range(4)]  # 2 prompts x 4 samples
+    params = SamplingParams(max_new_tokens=6)
+    shared = one.generate(group, params, generator=torch.Generator().manual_seed(3))
+    assert prefilled[0] == 2  # each distinct prompt prefilled once
+    two = _owned(model, lanes=2).generate(group, params, generator=torch.Generator().manual_seed(3))
+    every_row = list(range(len(group)))
+    monkeypatch.setattr(kv_decoding, "distinct_rows", lambda flat, lengths: (every_row, every_row))
+    prefilled.clear()
+    unshared = one.generate(group, params, generator=torch.Generator().manual_seed(3))
+    assert prefilled[0] == len(group)  # every row prefilled
+    for other in (two, unshared):
+        assert torch.equal(shared.tokens, other.tokens) and torch.equal(shared.lengths, other.lengths)
+        torch.testing.assert_close(shared.logprobs, other.logprobs, atol=1e-5, rtol=0)
+
+
+def test_the_engine_reading_the_policy_sees_an_optimizer_step() -> None:
+    model = _tiny("llama")
+    engine = LlamaRolloutEngine.reading(model)
+    assert engine.resident_bytes() == 0  # no copy: the policy's parameters
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=4)
+    before = engine.generate(PROMPTS, greedy).logprobs
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    model.train()
+    model(input_ids=torch.tensor([PROMPTS[0]]), labels=torch.tensor([PROMPTS[0]])).loss.backward()
+    optimizer.step()
+    model.eval()
+    after = engine.generate(PROMPTS, greedy)
+    assert not torch.allclose(before, after.logprobs)
+    tokens, logp = _hf_generate(model, PROMPTS, 4)  # the updated weights' samples
+    assert torch.equal(after.tokens.view(len(PROMPTS), 4), tokens)
+    torch.testing.assert_close(after.logprobs.view(len(PROMPTS), 4), logp, atol=1e-5, rtol=0)
+
+
+def test_fused_inference_names_load_like_hf_names() -> None:
+    """A megatron `Resharder` writes qkv_proj / gate_up_proj: the engine splits them into its storage."""
+    from entrepot.resharding import LocalResharder
+    from entrepot.resharding.adaptors import get_adaptor
+    from entrepot.resharding.engines.torch import TorchTrainingEngine
+
+    model = _tiny("qwen3")
+    adaptor = get_adaptor("Qwen3ForCausalLM", model.config)
+    fused = LocalResharder(adaptor, "infer").reshard(
+        TorchTrainingEngine(model, adaptor).named_train_parameters()
+    )
+    assert any(".qkv_proj." in name for name in fused)
+    engine = LlamaRolloutEngine.of(model)
+    engine.load_weights(fused)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=5)
+    assert torch.equal(
+        engine.generate(PROMPTS, greedy).tokens, _owned(model).generate(PROMPTS, greedy).tokens
+    )
+    hf = engine.hf_weights()
+    for name, p in model.named_parameters():
+        assert torch.equal(hf[name], p), name
+
+
+SHARED = ([[2, 3, 4], [5, 6], [2, 3, 4], [5, 6]], [4, 3, 2, 5])  # prompt groups: the shared-prefix row
+DISTINCT = ([[2, 3, 4], [5, 6], [7, 8, 9]], [4, 3, 2])  # no repeated prompt: the varlen packed row
+
+
+def _batch(prompts: list[list[int]], response_lengths: list[int]) -> ResponseBatch:
+    gen = torch.Generator().manual_seed(5)
+    responses = torch.randint(2, VOCAB, (sum(response_lengths),), generator=gen)
+    flat = torch.tensor([t for p in prompts for t in p])
+    return ResponseBatch.from_packed(flat, torch.tensor([len(p) for p in prompts]), responses,
+                                     torch.tensor(response_lengths))  # fmt: skip
+
+
+def _logprobs_and_grads(model: torch.nn.Module, batch: ResponseBatch, packed: bool) -> tuple:
+    model.zero_grad(set_to_none=True)
+    logp, _ = response_logprobs(model, batch, packed=packed)
+    (logp * torch.linspace(-1.0, 1.0, logp.numel())).sum().backward()
+    return logp.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("rows", [SHARED, DISTINCT], ids=["shared-prefix", "varlen"])
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_the_written_out_forward_gives_hf_log_probs_and_gradients(architecture: str, rows: tuple) -> None:
+    model = _tiny(architecture).train()
+    assert llama_forward.supports(model)
+    batch = _batch(*rows)
+    packed_logp, packed_grads = _logprobs_and_grads(model, batch, packed=True)  # written out
+    padded_logp, padded_grads = _logprobs_and_grads(model, batch, packed=False)  # HF's forward
+    torch.testing.assert_close(packed_logp, padded_logp, atol=1e-5, rtol=0)
+    assert packed_grads.keys() == padded_grads.keys()
+    for name, grad in packed_grads.items():
+        torch.testing.assert_close(grad, padded_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_packed_hidden_through_the_head_is_packed_logits() -> None:
+    model = _tiny("qwen3")
+    ids, positions, keep = torch.tensor([3, 4, 5, 6, 7]), torch.arange(5), torch.tensor([1, 4])
+    from entrepot.batching import packed_causal_attention
+
+    cu = torch.tensor([0, 5], dtype=torch.int32)
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return packed_causal_attention(q, k, v, cu, 5)
+
+    hidden = llama_forward.packed_hidden(model, ids, positions, keep, attend)
+    assert hidden.shape == (2, 32)
+    logits = llama_forward.packed_logits(model, ids, positions, keep, attend)
+    torch.testing.assert_close(hidden @ llama_forward.head_weight(model).T, logits)
+    torch.testing.assert_close(logits, model(input_ids=ids[None]).logits[0, keep], atol=1e-5, rtol=0)
+
+
+def test_models_it_does_not_reproduce_are_refused_or_keep_the_hf_forward() -> None:
+    dynamic = _tiny("qwen2")
+    dynamic.config.rope_parameters = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    assert not llama_forward.supports(dynamic)
+    with pytest.raises(GRPOConfigError, match=r"rope_type='dynamic' is not supported"):
+        LlamaRolloutEngine.of(dynamic)
+    checkpointing = _tiny("llama").train()
+    checkpointing.activation_checkpointing_enable()
+    assert not llama_forward.supports(checkpointing)
+
+
+def test_the_start_up_line_names_the_engine() -> None:
+    from entrepot.grpo.config import EngineConfig
+
+    torch_engine = EngineConfig()
+    assert (
+        rollout_description(torch_engine, "Qwen3ForCausalLM")
+        == "rollout engine: llama kv-cache (Qwen3ForCausalLM)"
+    )
+    assert rollout_description(torch_engine, "GemmaForCausalLM") == (
+        "rollout engine: HF generate (fallback for GemmaForCausalLM)"
+    )
