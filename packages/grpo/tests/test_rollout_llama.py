@@ -256,3 +256,51 @@ def test_the_start_up_line_names_the_engine() -> None:
     assert rollout_description(torch_engine, "GemmaForCausalLM") == (
         "rollout engine: HF generate (fallback for GemmaForCausalLM)"
     )
+
+
+QWEN2_RUN = ["model.architecture=qwen2", "model.hidden_size=32", "model.num_heads=4", "model.num_kv_heads=2",
+             "model.intermediate_size=48", "model.num_layers=2"]  # fmt: skip
+
+
+def test_in_one_process_the_rollout_reads_the_policys_parameters_through_the_mode_switch() -> None:
+    from entrepot.grpo import load_config
+    from entrepot.grpo.engines.policy import build_policy
+
+    policy = build_policy(load_config(None, QWEN2_RUN))
+    engine = policy.engine
+    assert isinstance(engine, LlamaRolloutEngine) and engine.reads_policy
+    model: Any = policy.trainer.model  # type: ignore[attr-defined]
+    loaded: list[dict[str, torch.Tensor]] = []
+    load = engine.load_weights
+    engine.load_weights = lambda weights: (loaded.append(dict(weights)), load(weights))[1]  # type: ignore[method-assign]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=4)
+    with policy.manager.mode("infer"):
+        before = engine.generate(PROMPTS, greedy)
+    params = dict(model.named_parameters())
+    assert loaded[0].keys() == params.keys()  # handed over by HF name, unconverted, uncopied
+    assert all(t.data_ptr() == params[name].data_ptr() for name, t in loaded[0].items())
+    assert engine.resident_bytes() == 0
+    with policy.manager.mode("train"), torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p), alpha=0.3)  # what an optimizer step does: in place
+    with policy.manager.mode("infer"):
+        after = engine.generate(PROMPTS, greedy)
+    assert not torch.allclose(before.logprobs, after.logprobs)
+    tokens, logp = _hf_generate(model.eval(), PROMPTS, 4)
+    assert torch.equal(after.tokens.view(len(PROMPTS), 4), tokens)
+    torch.testing.assert_close(after.logprobs.view(len(PROMPTS), 4), logp, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("override", ["model.lora.rank=4", "engine.offload_params=true"])
+def test_lora_or_offloaded_parameters_give_the_engine_its_own_copy(override: str) -> None:
+    from entrepot.grpo import load_config
+    from entrepot.grpo.engines.policy import build_policy
+
+    extra = ["engine.offload_grads=true", "engine.offload_optimizer=true"] if "offload" in override else []
+    policy = build_policy(load_config(None, [*QWEN2_RUN, override, *extra]))
+    engine = policy.engine
+    assert isinstance(engine, LlamaRolloutEngine) and not engine.reads_policy
+    with policy.manager.mode("infer"):
+        out = engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_new_tokens=3))
+        assert engine.resident_bytes() > 0
+    assert out.lengths.tolist() == [3] * len(PROMPTS)

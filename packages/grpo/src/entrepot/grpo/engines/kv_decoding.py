@@ -13,7 +13,7 @@ Shape legend: B = sequences, S = cached positions, V = vocab, Q = tokens of one 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 
@@ -201,11 +201,10 @@ class KVCacheDecoder:
         the trainer's log-probs are of).
 
         Prompts are left-padded so that every row decodes in lock-step; position ids skip padding.
-        With `lanes` > 1, contiguous parts of the rows decode on that many threads, each reading its
-        rows' share of sampling noise drawn for the whole batch before decoding, so the samples do
-        not depend on the split; where that noise would pass `NOISE_BYTES` (a real vocabulary and
-        budget), one thread decodes and draws each step's noise as it goes, which gives the same
-        samples.
+        With `lanes` > 1, contiguous parts of the rows decode on that many threads. The sampling noise
+        is drawn for the whole batch, time-major, a window of steps at a time (at most `NOISE_BYTES`;
+        every step at once for a small vocabulary), and each lane reads its rows' share of it, so the
+        samples do not depend on the split; the lanes meet between windows.
         """
         self._check_loaded()
         prompt_len = max(len(p) for p in prompts)
@@ -215,62 +214,74 @@ class KVCacheDecoder:
             raise ValueError(f"{budget} exceeds the model's {limit} positions")
         b, steps = len(prompts), params.max_new_tokens
         lanes = max(1, min(self.lanes, b))
-        if lanes == 1 or steps * b * self.vocab * 4 > NOISE_BYTES:
-            return self._decode(prompts, lambda t: self._gumbel_noise(b, 1, params, generator), params,
-                                pad_token_id)  # fmt: skip
-        noise = self._gumbel_noise(b, steps, params, generator)
-        bounds = [b * lane // lanes for lane in range(lanes + 1)]
-
-        def decode(part: tuple[int, int]) -> Rollout:
-            rows = slice(*part)
-            return self._decode(
-                prompts[rows],
-                lambda t: None if noise is None else noise[t : t + 1, rows],
-                params,
-                pad_token_id,
-            )
-
-        decoded = run_lanes(decode, list(itertools.pairwise(bounds)))
+        bounds = list(itertools.pairwise([b * lane // lanes for lane in range(lanes + 1)]))
+        decodes = run_lanes(lambda part: _Decode(self, prompts[slice(*part)], params, pad_token_id), bounds)
+        window = max(1, NOISE_BYTES // max(1, b * self.vocab * 4))
+        for t0 in range(0, steps, window):
+            t1 = min(steps, t0 + window)
+            noise = self._gumbel_noise(b, t1 - t0, params, generator)  # [t1 - t0, B, V] or None
+            shares = [None if noise is None else noise[:, slice(*part)] for part in bounds]
+            work = [(d, share, t0, t1) for d, share in zip(decodes, shares, strict=True)]
+            run_lanes(lambda job: job[0].advance(*job[1:]), work)
+            if all(d.finished for d in decodes):
+                break
+        decoded = [d.rollout() for d in decodes]
         return Rollout(
             torch.cat([part.tokens for part in decoded]),
             torch.cat([part.lengths for part in decoded]),
             torch.cat([part.logprobs for part in decoded]),
         )
 
-    def _decode(
-        self,
-        prompts: Sequence[Sequence[int] | torch.Tensor],
-        noise: Callable[[int], torch.Tensor | None],
-        params: SamplingParams,
+
+class _Decode:
+    """One lane's rows being decoded: prefilled on creation, advanced a window of steps at a time."""
+
+    def __init__(
+        self, engine: KVCacheDecoder, prompts: Sequence[Sequence[int] | torch.Tensor], params: SamplingParams,
         pad_token_id: int,
-    ) -> Rollout:
-        """Decode the rows of `prompts`; `noise(t)` is step t's Gumbel noise [1, B, V] (None: greedy)."""
-        b, dev = len(prompts), self.device
-        prompt_len = max(len(p) for p in prompts)
+    ) -> None:  # fmt: skip
+        b, dev = len(prompts), engine.device
+        self.engine, self.params, self.pad = engine, params, pad_token_id
+        self.prompt_len = prompt_len = max(len(p) for p in prompts)
         total = prompt_len + params.max_new_tokens
         lengths_in = [len(p) for p in prompts]
         flat = flat_ids(prompts)
-        ids, key_mask = left_padded(flat, lengths_in, prompt_len, total, pad_token_id, dev)
-        positions = (key_mask[:, :prompt_len].long().cumsum(-1) - 1).clamp(min=0)  # [B, Lp]
-        next_pos = key_mask[:, :prompt_len].sum(-1)  # [B]
-        logits, cache = self._prefill(flat.tolist(), lengths_in, ids, positions, key_mask, total)
-        stop = torch.tensor(params.stop_token_ids, dtype=torch.long, device=dev)
-        done = torch.zeros(b, dtype=torch.bool, device=dev)
-        out = torch.full((b, params.max_new_tokens), pad_token_id, dtype=torch.long, device=dev)
-        out_logp = torch.zeros(b, params.max_new_tokens, dtype=torch.float32, device=dev)
-        lengths = torch.zeros(b, dtype=torch.long, device=dev)
-        for t in range(params.max_new_tokens):
-            step_noise = noise(t)
-            token = self._sample(logits, params, None if step_noise is None else step_noise[0])  # [B]
-            token = torch.where(done, torch.full_like(token, pad_token_id), token)
-            out[:, t] = token
-            out_logp[:, t] = logits.float().log_softmax(-1).gather(1, token[:, None]).squeeze(1)
-            lengths += (~done).long()
-            done = done | torch.isin(token, stop)
-            if bool(done.all()) or t == params.max_new_tokens - 1:
-                break
-            key_mask[:, prompt_len + t] = True
-            logits = self._forward(token[:, None], next_pos[:, None], cache, prompt_len + t, key_mask)
-            next_pos = next_pos + 1
-        kept = torch.arange(out.shape[1], device=dev)[None, :] < lengths[:, None]  # [B, T] generated
-        return Rollout(out[kept].cpu(), lengths.cpu(), out_logp[kept].cpu())  # [R], [B], [R]
+        ids, self.key_mask = left_padded(flat, lengths_in, prompt_len, total, pad_token_id, dev)
+        positions = (self.key_mask[:, :prompt_len].long().cumsum(-1) - 1).clamp(min=0)  # [B, Lp]
+        self.next_pos = self.key_mask[:, :prompt_len].sum(-1)  # [B]
+        self.logits, self.cache = engine._prefill(
+            flat.tolist(), lengths_in, ids, positions, self.key_mask, total
+        )
+        self.stop = torch.tensor(params.stop_token_ids, dtype=torch.long, device=dev)
+        self.done = torch.zeros(b, dtype=torch.bool, device=dev)
+        self.out = torch.full((b, params.max_new_tokens), pad_token_id, dtype=torch.long, device=dev)
+        self.out_logp = torch.zeros(b, params.max_new_tokens, dtype=torch.float32, device=dev)
+        self.lengths = torch.zeros(b, dtype=torch.long, device=dev)
+        self.finished = False
+
+    def advance(self, noise: torch.Tensor | None, t0: int, t1: int) -> None:
+        """Decode steps [t0, t1); `noise` [t1 - t0, B, V] is their Gumbel noise (None: greedy)."""
+        engine, params, last = self.engine, self.params, self.params.max_new_tokens - 1
+        for t in range(t0, t1):
+            if self.finished:
+                return
+            token = engine._sample(self.logits, params, None if noise is None else noise[t - t0])  # [B]
+            token = torch.where(self.done, torch.full_like(token, self.pad), token)
+            self.out[:, t] = token
+            self.out_logp[:, t] = self.logits.float().log_softmax(-1).gather(1, token[:, None]).squeeze(1)
+            self.lengths += (~self.done).long()
+            self.done = self.done | torch.isin(token, self.stop)
+            if bool(self.done.all()) or t == last:
+                self.finished = True
+                return
+            self.key_mask[:, self.prompt_len + t] = True
+            self.logits = engine._forward(
+                token[:, None], self.next_pos[:, None], self.cache, self.prompt_len + t, self.key_mask
+            )
+            self.next_pos = self.next_pos + 1
+
+    def rollout(self) -> Rollout:
+        """The lane's responses: tokens [R], lengths [B], log-probs [R] (on the host)."""
+        kept = torch.arange(self.out.shape[1], device=self.out.device)[None, :] < self.lengths[:, None]
+        self.cache = []  # the KV cache goes with the call
+        return Rollout(self.out[kept].cpu(), self.lengths.cpu(), self.out_logp[kept].cpu())
