@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from test_gpt2_forward import _logprobs_and_grads
 
 from entrepot.grpo.algo.sequences import ResponseBatch, response_logprobs
 from entrepot.grpo.embedded import llama_forward
@@ -194,13 +195,6 @@ def _batch(prompts: list[list[int]], response_lengths: list[int]) -> ResponseBat
     flat = torch.tensor([t for p in prompts for t in p])
     return ResponseBatch.from_packed(flat, torch.tensor([len(p) for p in prompts]), responses,
                                      torch.tensor(response_lengths))  # fmt: skip
-
-
-def _logprobs_and_grads(model: torch.nn.Module, batch: ResponseBatch, packed: bool) -> tuple:
-    model.zero_grad(set_to_none=True)
-    logp, _ = response_logprobs(model, batch, packed=packed)
-    (logp * torch.linspace(-1.0, 1.0, logp.numel())).sum().backward()
-    return logp.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
 @pytest.mark.parametrize("rows", [SHARED, DISTINCT], ids=["shared-prefix", "varlen"])

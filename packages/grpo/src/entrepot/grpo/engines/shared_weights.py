@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 import torch
 
-from entrepot.resharding import ParallelLayout
+from entrepot.resharding.engines.torch import TorchTrainingEngine
 
 __all__ = ["POLICY_TARGET", "PolicyParameters", "SameLayout"]
 
@@ -22,21 +22,12 @@ POLICY_TARGET = "policy"
 """The layout target of an engine that reads the policy module's parameters."""
 
 
-class PolicyParameters:
+class PolicyParameters(TorchTrainingEngine):
     """A single-process HF module as the manager's `TrainingEngine`, its parameters by HF name (detached
-    views: no conversion)."""
+    views: no conversion to the training layout)."""
 
     def __init__(self, module: torch.nn.Module) -> None:
-        self.module = module
-        self._layout = ParallelLayout()
-
-    @property
-    def layout(self) -> ParallelLayout:
-        return self._layout
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.module.parameters()).device
+        super().__init__(module, adaptor=None)
 
     def named_train_parameters(self) -> dict[str, torch.Tensor]:
         """The module's parameters by HF name (a tied head once)."""
