@@ -24,7 +24,7 @@ SIZES = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 48, "num_h
          "num_attention_heads": 4, "max_position_embeddings": 128}  # fmt: skip
 
 
-def _tiny(architecture: str, **overrides: Any) -> torch.nn.Module:
+def _tiny(architecture: str, **overrides: Any) -> Any:
     from transformers import (
         LlamaConfig,
         LlamaForCausalLM,
@@ -66,9 +66,7 @@ ARCHITECTURES = ["llama", "qwen2", "qwen3"]
 PROMPTS = [[3, 4, 5, 6], [7, 8], [3, 4, 5, 6], [9, 10, 11]]
 
 
-def _hf_generate(
-    model: torch.nn.Module, prompts: list[list[int]], steps: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _hf_generate(model: Any, prompts: list[list[int]], steps: int) -> tuple[torch.Tensor, torch.Tensor]:
     """HF generate's greedy tokens [B, steps] and their log-probs under its logits (left-padded batch)."""
     width = max(len(p) for p in prompts)
     ids = torch.zeros(len(prompts), width, dtype=torch.long)
@@ -128,7 +126,7 @@ def test_prefix_sharing_and_lanes_do_not_change_the_samples(monkeypatch: pytest.
         prefilled.append(ids.shape[0])
         return forward(ids, *args)
 
-    one._forward = counting  # type: ignore[method-assign]
+    one._forward = counting  # type: ignore[method-assign, assignment]
     group = [p for p in PROMPTS[:2] for _ in range(4)]  # 2 prompts x 4 samples
     params = SamplingParams(max_new_tokens=6)
     shared = one.generate(group, params, generator=torch.Generator().manual_seed(3))
@@ -263,10 +261,10 @@ def test_in_one_process_the_rollout_reads_the_policys_parameters_through_the_mod
     policy = build_policy(load_config(None, QWEN2_RUN))
     engine = policy.engine
     assert isinstance(engine, LlamaRolloutEngine) and engine.reads_policy
-    model: Any = policy.trainer.model  # type: ignore[attr-defined]
+    model: Any = policy.trainer.model
     loaded: list[dict[str, torch.Tensor]] = []
     load = engine.load_weights
-    engine.load_weights = lambda weights: (loaded.append(dict(weights)), load(weights))[1]  # type: ignore[method-assign]
+    engine.load_weights = lambda weights: (loaded.append(dict(weights)), load(weights))[1]
     greedy = SamplingParams(temperature=0.0, max_new_tokens=4)
     with policy.manager.mode("infer"):
         before = engine.generate(PROMPTS, greedy)
