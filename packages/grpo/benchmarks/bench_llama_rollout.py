@@ -75,13 +75,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--lanes", type=int, default=2, help="the engine's decoding lanes (1 thread each)")
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval().requires_grad_(False)
     prompts, eos, pad = _prompts(args.model)
     hf = HFRolloutEngine(model)
-    ours = LlamaRolloutEngine.reading(model, lanes=2)
+    ours = LlamaRolloutEngine.reading(model, lanes=args.lanes)
     _check(hf, ours, prompts, eos, pad)
     batch = [p for p in prompts for _ in range(args.samples)]
     params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, stop_token_ids=(eos,))
@@ -89,7 +90,7 @@ def main() -> None:
     for repeat in range(args.repeats + 1):  # the first round warms up; rounds interleave the engines
         torch.set_num_threads(2)
         hf_s, hf_tokens = _timed(hf, batch, params, pad, repeat)
-        torch.set_num_threads(1)  # one thread per decoding lane
+        torch.set_num_threads(max(1, 2 // args.lanes))  # 2 threads in all
         our_s, our_tokens = _timed(ours, batch, params, pad, repeat)
         if repeat:
             results["HF generate"].append(hf_tokens / hf_s)
