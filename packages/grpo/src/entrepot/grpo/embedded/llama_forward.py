@@ -42,8 +42,10 @@ def supports(model: torch.nn.Module) -> bool:
         return False
     config: Any = model.config
     dropout = float(getattr(config, "attention_dropout", 0.0) or 0.0)
-    checkpointing = any(bool(getattr(model, key, False))
-                        for key in ("is_activation_checkpointing", "is_gradient_checkpointing"))  # fmt: skip
+    new_name = hasattr(type(model), "is_activation_checkpointing")  # transformers 5 renamed it
+    checkpointing = bool(
+        getattr(model, "is_activation_checkpointing" if new_name else "is_gradient_checkpointing", False)
+    )
     return not (model.training and dropout > 0) and not checkpointing
 
 

@@ -26,6 +26,7 @@ heads, K key/value heads, D head dim, V vocab.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -207,7 +208,7 @@ class LlamaRolloutEngine(KVCacheDecoder):
             self._storage = {k: v.to("cpu") for k, v in self._storage.items()}
             self._bind()
 
-    def onload(self, tags: tuple[str, ...] | list[str] = ("weights", "kv_cache")) -> None:
+    def onload(self, tags: Sequence[str] = ("weights", "kv_cache")) -> None:
         """Move own weights back to the engine's device (the KV cache is allocated per generate call)."""
         if self._module is None and self.device.type != "cpu":
             self._storage = {k: v.to(self.device) for k, v in self._storage.items()}
