@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_gpt2_forward import _logprobs_and_grads
+from test_gpt2_forward import DISTINCT, SHARED, assert_written_out_is_hf
 
 from entrepot.grpo.algo.sequences import ResponseBatch, response_logprobs
 from entrepot.grpo.embedded import llama_forward
@@ -183,10 +183,6 @@ def test_fused_inference_names_load_like_hf_names() -> None:
         assert torch.equal(hf[name], p), name
 
 
-SHARED = ([[2, 3, 4], [5, 6], [2, 3, 4], [5, 6]], [4, 3, 2, 5])  # prompt groups: the shared-prefix row
-DISTINCT = ([[2, 3, 4], [5, 6], [7, 8, 9]], [4, 3, 2])  # no repeated prompt: the varlen packed row
-
-
 def _batch(prompts: list[list[int]], response_lengths: list[int]) -> ResponseBatch:
     gen = torch.Generator().manual_seed(5)
     responses = torch.randint(2, VOCAB, (sum(response_lengths),), generator=gen)
@@ -200,13 +196,7 @@ def _batch(prompts: list[list[int]], response_lengths: list[int]) -> ResponseBat
 def test_the_written_out_forward_gives_hf_log_probs_and_gradients(architecture: str, rows: tuple) -> None:
     model = _tiny(architecture).train()
     assert llama_forward.supports(model)
-    batch = _batch(*rows)
-    packed_logp, packed_grads = _logprobs_and_grads(model, batch, packed=True)  # written out
-    padded_logp, padded_grads = _logprobs_and_grads(model, batch, packed=False)  # HF's forward
-    torch.testing.assert_close(packed_logp, padded_logp, atol=1e-5, rtol=0)
-    assert packed_grads.keys() == padded_grads.keys()
-    for name, grad in packed_grads.items():
-        torch.testing.assert_close(grad, padded_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+    assert_written_out_is_hf(model, _batch(*rows))
 
 
 def test_packed_hidden_through_the_head_is_packed_logits() -> None:
