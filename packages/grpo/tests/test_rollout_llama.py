@@ -222,6 +222,14 @@ def test_models_it_does_not_reproduce_are_refused_or_keep_the_hf_forward() -> No
     assert not llama_forward.supports(dynamic)
     with pytest.raises(GRPOConfigError, match=r"rope_type='dynamic' is not supported"):
         LlamaRolloutEngine.of(dynamic)
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    windowed = Qwen2Config(**SIZES, num_key_value_heads=2, use_sliding_window=True, sliding_window=4,
+                           max_window_layers=0)  # fmt: skip
+    sliding = Qwen2ForCausalLM(windowed)
+    assert not llama_forward.supports(sliding)
+    with pytest.raises(GRPOConfigError, match=r"sliding-window attention"):
+        LlamaRolloutEngine.of(sliding)
     checkpointing = _tiny("llama").train()
     checkpointing.activation_checkpointing_enable()
     assert not llama_forward.supports(checkpointing)

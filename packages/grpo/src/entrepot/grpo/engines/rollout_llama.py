@@ -41,9 +41,11 @@ from entrepot.grpo.embedded.llama_layers import (
     module_layers,
     rope_frequencies,
     rope_tables,
+    unsupported,
 )
 from entrepot.grpo.engines.kv_decoding import Cache, KVCacheDecoder, NamedTensors, named_items, weight_target
 from entrepot.grpo.engines.rollout_hf import unfused_weights
+from entrepot.grpo.errors import GRPOConfigError
 
 if TYPE_CHECKING:
     from entrepot.grpo.config import GRPOConfig
@@ -137,6 +139,12 @@ class LlamaRolloutEngine(KVCacheDecoder):
         self.architecture = hf_architecture(model)
         self.hf_config = lm.config
         self.inv_freq, self.scaling, self._limit = rope_frequencies(lm.config, dims.head_dim)
+        reason = unsupported(model)
+        if reason is not None:
+            raise GRPOConfigError(
+                f"engine.rollout=torch: the llama kv-cache engine does not reproduce this model ({reason}); "
+                "use engine.rollout: vllm"
+            )
         self.vocab, self.lanes, self.reads_policy = dims.vocab, lanes, read
         self.dtype = lm.model.embed_tokens.weight.dtype
         if read:
