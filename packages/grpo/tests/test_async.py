@@ -217,7 +217,9 @@ def test_resume_redoes_the_prompts_in_flight_and_skips_none(tmp_path: Path) -> N
     assert _trained_prompts(tmp_path / "run") == [list(range(s * P, (s + 1) * P)) for s in range(2, 5)]
 
 
-def test_an_hf_model_rolls_out_asynchronously_through_hf_generate(tmp_path: Path) -> None:
+def test_a_llama_model_rolls_out_asynchronously_through_the_llama_engine(tmp_path: Path) -> None:
+    """The actor hands its parameters over by HF name (its engine reads them); the rollout rank's own
+    copy loads each published version."""
     from tests_support_models import tiny_model_dir
 
     model = tiny_model_dir(tmp_path / "llama", architecture="llama")
@@ -234,7 +236,7 @@ def test_an_hf_model_rolls_out_asynchronously_through_hf_generate(tmp_path: Path
         rows = trainer.fit()
     finally:
         trainer.close()
-    assert type(engine).__name__ == "HFRolloutEngine"
+    assert type(engine).__name__ == "LlamaRolloutEngine"
     assert [r["step"] for r in rows] == [1, 2, 3] and _ages(rows) <= {0, 1}
 
 

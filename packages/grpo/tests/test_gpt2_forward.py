@@ -28,6 +28,16 @@ def _logprobs_and_grads(model: torch.nn.Module, batch: ResponseBatch, packed: bo
     return logp.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
+def assert_written_out_is_hf(model: torch.nn.Module, batch: ResponseBatch) -> None:
+    """The packed pass (written out) gives the padded pass's (HF's forward) log-probs and gradients."""
+    packed_logp, packed_grads = _logprobs_and_grads(model, batch, packed=True)
+    padded_logp, padded_grads = _logprobs_and_grads(model, batch, packed=False)
+    torch.testing.assert_close(packed_logp, padded_logp, atol=1e-5, rtol=0)
+    assert packed_grads.keys() == padded_grads.keys()
+    for name, grad in packed_grads.items():
+        torch.testing.assert_close(grad, padded_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
 SHARED = ([[2, 3, 4], [5, 6], [2, 3, 4], [5, 6]], [4, 3, 2, 5])  # prompt groups: the shared-prefix row
 DISTINCT = ([[2, 3, 4], [5, 6], [7, 8, 9]], [4, 3, 2])  # no repeated prompt: the varlen packed row
 
@@ -42,13 +52,7 @@ def test_the_written_out_forward_gives_hf_log_probs_and_gradients(rows: tuple, a
         for block in model.transformer.h:
             block.mlp.act = ACT2FN[activation]
     assert supports(model)
-    batch = _batch(*rows)
-    packed_logp, packed_grads = _logprobs_and_grads(model, batch, packed=True)  # written out
-    padded_logp, padded_grads = _logprobs_and_grads(model, batch, packed=False)  # HF's forward
-    torch.testing.assert_close(packed_logp, padded_logp, atol=1e-5, rtol=0)
-    assert packed_grads.keys() == padded_grads.keys()
-    for name, grad in packed_grads.items():
-        torch.testing.assert_close(grad, padded_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+    assert_written_out_is_hf(model, _batch(*rows))
 
 
 def test_models_it_does_not_reproduce_keep_the_hf_forward() -> None:

@@ -15,7 +15,7 @@ from entrepot.grpo.trainer import Trainer
 pytestmark = pytest.mark.integration  # a training run
 
 
-def test_llama_directory_trains_through_hf_rollout_engine(tmp_path: Path) -> None:
+def test_llama_directory_trains_through_the_llama_rollout_engine(tmp_path: Path) -> None:
     model_dir = tiny_model_dir(tmp_path / "llama", architecture="llama")
     data = tmp_path / "train.jsonl"
     data.write_text(
@@ -30,13 +30,15 @@ def test_llama_directory_trains_through_hf_rollout_engine(tmp_path: Path) -> Non
         "max_steps=1", "eval.num_prompts=2", "logging.tensorboard=false",
         "algorithm.entropy_coef=0.01",  # a gradient even if every reward of the random model ties
     ])  # fmt: skip
-    trainer = Trainer(config, tmp_path / "run")
+    said: list[str] = []
+    trainer = Trainer(config, tmp_path / "run", on_startup=said.append)
     try:
         before = trainer.parameters()
         metrics = trainer.train_step()
         after = trainer.parameters()
     finally:
         trainer.close()
+    assert "rollout engine: llama kv-cache (LlamaForCausalLM)" in said
     assert metrics["response_length"] > 0 and "accuracy" in metrics
     assert "time/reshard_to_infer" in metrics
     changed = [name for name in before if not torch.equal(before[name], after[name])]

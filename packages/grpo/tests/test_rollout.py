@@ -162,7 +162,7 @@ def test_the_noise_gives_the_samples_torch_multinomial_drew() -> None:
 def test_noise_past_its_budget_is_drawn_step_by_step_with_the_same_samples(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from entrepot.grpo.engines import rollout_embedded as rollout
+    from entrepot.grpo.engines import kv_decoding
 
     model, one_lane = _model_and_engine()
     two_lanes = GPT2RolloutEngine.from_hf_config(model.config, lanes=2)
@@ -170,6 +170,6 @@ def test_noise_past_its_budget_is_drawn_step_by_step_with_the_same_samples(
     prompts = [[2, 3, 4], [5, 6], [7, 8, 9, 10], [5, 6]]
     params = SamplingParams(max_new_tokens=5)
     expected = one_lane.generate(prompts, params, generator=torch.Generator().manual_seed(4))
-    monkeypatch.setattr(rollout, "_NOISE_BYTES", 0)  # as a 50k vocabulary and long budget would be
+    monkeypatch.setattr(kv_decoding, "NOISE_BYTES", 0)  # as a 50k vocabulary and long budget would be
     got = two_lanes.generate(prompts, params, generator=torch.Generator().manual_seed(4))
     assert torch.equal(got.tokens, expected.tokens) and torch.equal(got.lengths, expected.lengths)

@@ -111,6 +111,7 @@ class Trainer:
                   if self.cluster.reward_models else []),
             ])  # fmt: skip
             ready = time.perf_counter()
+            say(self._wait([self.actors.call(ActorWorker.rollout_engine)])[0][0])
             if resume is not None:
                 say("restoring the newest checkpoint")
                 self._resume(resume, say)

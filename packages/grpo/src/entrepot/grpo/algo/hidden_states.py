@@ -1,8 +1,9 @@
 """Final hidden states at the response positions, and the LM head weight, for `algo.chunked_head`.
 
 The same forwards as `entrepot.grpo.algo.sequences`' logits paths (packed: shared-prefix or
-varlen; padded), stopped before the LM head: GPT-2's written-out forward
-(`entrepot.grpo.embedded.gpt2_forward.packed_hidden`), HF's decoder stack otherwise. The head then
+varlen; padded), stopped before the LM head: the written-out forward of GPT-2 or the Llama family
+(`entrepot.grpo.embedded.gpt2_forward` / `llama_forward`, `packed_hidden`), HF's decoder stack
+otherwise. The head then
 runs a chunk of rows at a time. `head_weight` says which models qualify (their logits are exactly
 hidden @ W^T); the others keep the logits paths.
 
@@ -17,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from entrepot.grpo.algo.sequences import ResponseBatch, packed_attention
-from entrepot.grpo.embedded import gpt2_forward
+from entrepot.grpo.embedded import gpt2_forward, llama_forward
 from entrepot.grpo.embedded.gpt2_model import EmbeddedGPT2, hf_architecture
 from entrepot.grpo.embedded.shared_prefix import (
     cached_shared_prefix_layout,
@@ -68,15 +69,15 @@ def _decoder(model: torch.nn.Module) -> torch.nn.Module:
 def packed_hidden(model: torch.nn.Module, batch: ResponseBatch, keep: torch.Tensor) -> torch.Tensor:
     """Final hidden states [R, E] (after the last norm) at flat positions `keep` of the packed row.
 
-    The same forward as `_packed_logits` without its LM head: the written-out GPT-2, or HF's decoder
+    The same forward as `_packed_logits` without its LM head: a written-out forward, or HF's decoder
     (`use_cache=False`: a training forward builds no KV cache, and a checkpointed layer recomputes).
     """
     device = next(model.parameters()).device
     layout = cached_shared_prefix_layout(batch.tokens, batch.prompt_lengths, batch.response_lengths)
-    written_out = gpt2_forward.supports(model)
-    if layout is not None and written_out:
+    written_out = next((f for f in (gpt2_forward, llama_forward) if f.supports(model)), None)
+    if layout is not None and written_out is not None:
         prefix = layout  # narrowed to not-None for the closure
-        return gpt2_forward.packed_hidden(
+        return written_out.packed_hidden(
             model,
             batch.tokens[layout.order].to(device),
             layout.position_ids.to(device),
@@ -99,10 +100,10 @@ def packed_hidden(model: torch.nn.Module, batch: ResponseBatch, keep: torch.Tens
     position_ids = torch.arange(batch.tokens.numel()) - torch.repeat_interleave(starts, lengths)  # [N]
     cu = F.pad(torch.cumsum(lengths, 0), (1, 0)).to(device=device, dtype=torch.int32)  # [B + 1]
     max_length = int(lengths.max())
-    if written_out:
+    if written_out is not None:
         from entrepot.batching import packed_causal_attention
 
-        return gpt2_forward.packed_hidden(
+        return written_out.packed_hidden(
             model,
             batch.tokens.to(device),
             position_ids.to(device),

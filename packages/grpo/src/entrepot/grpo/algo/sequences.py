@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from entrepot.grpo.algo.chunked_head import chunked_logprobs
-from entrepot.grpo.embedded import gpt2_forward
+from entrepot.grpo.embedded import gpt2_forward, llama_forward
 from entrepot.grpo.embedded.gpt2_model import EmbeddedGPT2
 from entrepot.grpo.embedded.shared_prefix import (
     cached_shared_prefix_layout,
@@ -197,14 +197,15 @@ def _packed_logits(model: torch.nn.Module, batch: ResponseBatch, keep: torch.Ten
     """Logits [R, V] at flat positions `keep` of the packed row (the LM head runs on those only).
 
     Rows that share a prompt (a GRPO group) run it once (`entrepot.grpo.embedded.shared_prefix`). GPT-2
-    runs the written-out forward of `entrepot.grpo.embedded.gpt2_forward`, other models HF's.
+    and the Llama family run the written-out forward of `entrepot.grpo.embedded.gpt2_forward` /
+    `llama_forward`, other models HF's.
     """
     device = _device_of(model)
     layout = cached_shared_prefix_layout(batch.tokens, batch.prompt_lengths, batch.response_lengths)
-    written_out = gpt2_forward.supports(model)
-    if layout is not None and written_out:
+    written_out = next((f for f in (gpt2_forward, llama_forward) if f.supports(model)), None)
+    if layout is not None and written_out is not None:
         prefix = layout  # narrowed to not-None for the closure
-        return gpt2_forward.packed_logits(
+        return written_out.packed_logits(
             model,
             batch.tokens[layout.order].to(device),
             layout.position_ids.to(device),
@@ -227,10 +228,10 @@ def _packed_logits(model: torch.nn.Module, batch: ResponseBatch, keep: torch.Ten
     position_ids = torch.arange(batch.tokens.numel()) - torch.repeat_interleave(starts, lengths)  # [N]
     cu = F.pad(torch.cumsum(lengths, 0), (1, 0)).to(device=device, dtype=torch.int32)  # [B + 1]
     max_length = int(lengths.max())
-    if written_out:
+    if written_out is not None:
         from entrepot.batching import packed_causal_attention
 
-        return gpt2_forward.packed_logits(
+        return written_out.packed_logits(
             model,
             batch.tokens.to(device),
             position_ids.to(device),

@@ -16,7 +16,7 @@ import torch
 
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.data.sources import TaskSetup, build_task
-from entrepot.grpo.embedded.gpt2_model import as_hf_config
+from entrepot.grpo.embedded.gpt2_model import as_hf_config, hf_architecture
 from entrepot.grpo.embedded.lanes import compute_lanes
 from entrepot.grpo.engines.base import RolloutEngine, SamplingParams, TrainEngine
 from entrepot.grpo.engines.models import build_model, load_pretrained
@@ -51,6 +51,7 @@ class Policy:
         generator: the rollout's sampling stream (the same on every rank).
         hf_config: the policy's HF config (an HF export writes it).
         engines: the specs the trainer and the engine were built from (`engines.registry`).
+        architecture: the policy's HF architecture (``LlamaForCausalLM``), which picks the engine.
     """
 
     trainer: TrainEngine
@@ -61,6 +62,7 @@ class Policy:
     generator: torch.Generator
     hf_config: Any
     engines: EngineChoice
+    architecture: str = ""
 
     @property
     def reshard_stats(self) -> ReshardStats | None:
@@ -132,7 +134,8 @@ def build_policy(config: GRPOConfig, run_dir: str | Path | None = None, *, on_ra
     trainer, engine, manager = engines.train.build(
         config, model, own_reference, int(tok.pad_token_id), run_dir, engines.rollout, lanes
     )
-    return Policy(trainer, setup, engine, manager, sampling, generator, model.config, engines)
+    architecture = hf_architecture(model)
+    return Policy(trainer, setup, engine, manager, sampling, generator, model.config, engines, architecture)
 
 
 def export_hf(

@@ -6,8 +6,9 @@ the weights (TP / PP: a checkpoint then also holds a whole-model HF export), whi
 needs. A `RolloutEngineSpec` builds the rollout engine from the policy module. Workers, the memory
 estimate and preflight ask a spec; nothing else compares engine names.
 
-The torch rollout engine takes the architecture into account: GPT-2 gets the embedded engine (its own
-KV-cache decoder, `rollout_embedded`), every other architecture HF `generate` (`rollout_hf`).
+The torch rollout engine takes the architecture into account (`TORCH_ROLLOUT_KINDS`): GPT-2 gets the
+embedded engine (its own KV-cache decoder, `rollout_embedded`), Llama / Qwen2 / Qwen3 the Llama-family
+KV-cache decoder (`rollout_llama`), every other architecture HF `generate` (`rollout_hf`).
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ROLLOUT_ENGINES",
+    "TORCH_ROLLOUT_KINDS",
     "TRAIN_ENGINES",
     "EngineChoice",
     "RolloutEngineSpec",
     "RolloutKind",
     "TrainEngineSpec",
     "choose_engines",
+    "rollout_description",
     "rollout_kind",
 ]
 
@@ -68,16 +71,45 @@ def _build_megatron(*args: Any) -> TrainSide:
     return build_megatron_side(*args)
 
 
-def _build_torch_rollout(
-    config: Any, model: Any, run_dir: Any, copy_module: bool, lanes: int
-) -> tuple[Any, str]:
-    if rollout_kind(config.engine, _architecture(model)) == "gpt2":
-        from entrepot.grpo.engines.rollout_embedded import build_embedded_engine
+TORCH_ROLLOUT_KINDS: dict[str, RolloutKind] = {
+    "GPT2LMHeadModel": "gpt2",
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "llama",
+    "Qwen3ForCausalLM": "llama",
+}
+"""The torch rollout engine of each architecture with a KV-cache decoder of ours (others: "hf")."""
 
-        return build_embedded_engine(config.engine, model, lanes), "infer"
+
+def _torch_kind(architecture: str) -> RolloutKind:
+    return TORCH_ROLLOUT_KINDS.get(architecture, "hf")
+
+
+def _build_gpt2(config: Any, model: Any, copy_module: bool, lanes: int) -> tuple[Any, str]:
+    from entrepot.grpo.engines.rollout_embedded import build_embedded_engine
+
+    return build_embedded_engine(config.engine, model, lanes), "infer"
+
+
+def _build_llama(config: Any, model: Any, copy_module: bool, lanes: int) -> tuple[Any, str]:
+    from entrepot.grpo.engines.rollout_llama import build_llama_engine
+
+    return build_llama_engine(config, model, copy_module, lanes)
+
+
+def _build_hf(config: Any, model: Any, copy_module: bool, lanes: int) -> tuple[Any, str]:
     from entrepot.grpo.engines.rollout_hf import build_hf_engine
 
     return build_hf_engine(config.engine, model, copy_module), "hf"
+
+
+_TORCH_BUILDERS = {"gpt2": _build_gpt2, "llama": _build_llama, "hf": _build_hf}
+
+
+def _build_torch_rollout(
+    config: Any, model: Any, run_dir: Any, copy_module: bool, lanes: int
+) -> tuple[Any, str]:
+    builder = _TORCH_BUILDERS[rollout_kind(config.engine, _architecture(model))]
+    return builder(config, model, copy_module, lanes)
 
 
 def _build_vllm_rollout(
@@ -111,7 +143,7 @@ TRAIN_ENGINES: dict[str, TrainEngineSpec] = {
 ROLLOUT_ENGINES: dict[str, RolloutEngineSpec] = {
     "torch": RolloutEngineSpec(
         name="torch",
-        kind=lambda architecture: "gpt2" if architecture == "GPT2LMHeadModel" else "hf",
+        kind=_torch_kind,
         build=_build_torch_rollout,
     ),
     "vllm": RolloutEngineSpec(
@@ -133,3 +165,16 @@ def choose_engines(engine: EngineConfig) -> EngineChoice:
 def rollout_kind(engine: EngineConfig, architecture: str) -> RolloutKind:
     """Which rollout engine a policy of `architecture` gets under `engine.rollout`."""
     return ROLLOUT_ENGINES[engine.rollout].kind(architecture)
+
+
+_DESCRIPTIONS: dict[RolloutKind, str] = {
+    "gpt2": "embedded GPT-2 kv-cache ({})",
+    "llama": "llama kv-cache ({})",
+    "hf": "HF generate (fallback for {})",
+    "vllm": "vLLM ({})",
+}
+
+
+def rollout_description(engine: EngineConfig, architecture: str) -> str:
+    """The start-up line naming the rollout engine a policy of `architecture` gets."""
+    return "rollout engine: " + _DESCRIPTIONS[rollout_kind(engine, architecture)].format(architecture)

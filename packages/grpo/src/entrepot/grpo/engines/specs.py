@@ -22,8 +22,9 @@ if TYPE_CHECKING:
 
 __all__ = ["EngineChoice", "RolloutEngineSpec", "RolloutKind", "TrainEngineSpec", "TrainSide"]
 
-RolloutKind = Literal["gpt2", "hf", "vllm"]
-"""The rollout engine a run gets: the embedded GPT-2 decoder, HF `generate`, or vLLM."""
+RolloutKind = Literal["gpt2", "llama", "hf", "vllm"]
+"""The rollout engine a run gets: the embedded GPT-2 decoder, the Llama-family decoder, HF `generate`,
+or vLLM."""
 
 TrainSide = tuple["TrainEngine", "RolloutEngine", "ShardingManager"]
 BuildRollout = Callable[["GRPOConfig", "torch.nn.Module", "str | Path | None", bool, int],
@@ -68,9 +69,10 @@ class RolloutEngineSpec:
     Attributes:
         name: its `engine.rollout` value.
         kind: what `build` gives for a policy architecture (the torch engine: GPT-2's embedded
-            decoder or HF `generate`).
+            decoder, the Llama-family decoder or HF `generate`).
         build: (config, policy module, run dir, copy the module?, decoding lanes) -> the engine and the
-            weight layout it takes (`LocalResharder`'s target: "infer" or "hf").
+            weight layout it takes (`LocalResharder`'s target: "infer" or "hf"; "policy": it reads
+            the module's own parameters, `engines.shared_weights`).
         separate_kernels: its log-probs come from kernels of its own (vLLM): the actor puts them in
             the dock and checks them against the training engine's every step (`rollout/logp_mismatch_*`).
         module, extra: the optional module it needs and the extra that brings it.

@@ -21,6 +21,7 @@ from entrepot.grpo.config import AlgorithmConfig, BatchingConfig, GRPOConfig
 from entrepot.grpo.embedded import checkpointing
 from entrepot.grpo.engines.frozen import FrozenOnDemand
 from entrepot.grpo.engines.manager import build_manager
+from entrepot.grpo.engines.shared_weights import POLICY_TARGET, PolicyParameters, SameLayout
 
 if TYPE_CHECKING:
     from entrepot.grpo.engines.specs import RolloutEngineSpec, TrainSide
@@ -117,7 +118,8 @@ def build_torch_side(
     config: GRPOConfig, model: torch.nn.Module, own_reference: torch.nn.Module | None, pad_token_id: int,
     run_dir: str | Path | None, rollout: RolloutEngineSpec, lanes: int,
 ) -> TrainSide:  # fmt: skip
-    """The HF module trained in this process, and its rollout engine joined by a local layout conversion."""
+    """The HF module trained in this process, and its rollout engine joined by a local layout conversion
+    (or none: an engine that reads the module's parameters, `engines.shared_weights`)."""
     from entrepot.grpo.embedded.gpt2_model import hf_architecture
     from entrepot.resharding import LocalResharder
     from entrepot.resharding.adaptors import get_adaptor
@@ -145,6 +147,9 @@ def build_torch_side(
         config.algorithm, config.batching, trained, reference, optimizer, scheduler, pad_token_id,
         lanes=lanes, offload_reference=config.engine.reference_offloaded,
     )  # fmt: skip
-    manager = build_manager(config.engine, train_engine, engine, LocalResharder(adaptor, target),
-                            list(trained.parameters()), optimizer)  # fmt: skip
+    shared = target == POLICY_TARGET  # the engine reads `model`'s parameters: hand them over as they are
+    weights_from = PolicyParameters(model) if shared else train_engine
+    resharder = SameLayout() if shared else LocalResharder(adaptor, target)
+    manager = build_manager(config.engine, weights_from, engine, resharder, list(trained.parameters()),
+                            optimizer)  # fmt: skip
     return trainer, engine, manager

@@ -148,6 +148,12 @@ class ActorWorker(ActorInspection):
         """Nothing: answering at all means the worker finished starting (Ray queues calls until then)."""
         return True
 
+    def rollout_engine(self) -> str:
+        """The start-up line naming this rank's rollout engine (`engines.registry.rollout_description`)."""
+        from entrepot.grpo.engines.registry import rollout_description
+
+        return rollout_description(self.config.engine, self.policy.architecture)
+
     @stage("actor_rollout")
     def rollout(self, dock: DockClient, count: int, version: int = 0) -> dict[str, float]:
         """Reshard into the engine, generate responses (`count` rows a get), put them in the dock.
