@@ -36,6 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))  # plain_loop.py, bench_packing.py, vs_trl.py
 
 import vs_trl
+import vs_trl_smollm2
 
 STAGES = (
     "time/reshard_to_infer",
@@ -127,10 +128,16 @@ def main() -> None:
     parser.add_argument("--no-megatron", action="store_true", help="skip the megatron-core TP2 run")
     parser.add_argument("--vllm", action="store_true", help="add a run with vLLM generating")
     parser.add_argument("--vs-trl", action="store_true", help="only the comparison with TRL (vs_trl.py)")
+    parser.add_argument("--vs-trl-smollm2", action="store_true",
+                        help="only the real-model comparison with TRL (vs_trl_smollm2.py)")  # fmt: skip
     vs_trl.add_arguments(parser)
+    vs_trl_smollm2.add_arguments(parser)
     args, _ = parser.parse_known_args()  # nox passes every bench_*.py the same arguments
     if args.vs_trl:
         vs_trl.run(args)
+        return
+    if args.vs_trl_smollm2:
+        vs_trl_smollm2.run(args)
         return
 
     import torch
