@@ -11,10 +11,13 @@ the reshard seconds / bytes / GB/s per step (`--no-megatron` skips it). `--vllm`
 system with vLLM generating (`engine.rollout=vllm`, run by `nox -s bench-vllm`): its seconds per
 stage next to the torch engine's, the weight load (inside reshard_to_infer) and the log-prob
 mismatch between vLLM and the trainer. `--vs-trl` runs only the comparison with TRL's GRPOTrainer
-instead (vs_trl.py, in this folder: `rl grpo train` and TRL timed to the target accuracy, peak memory).
+instead (vs_trl.py, in this folder: `rl grpo train` and TRL timed to the target accuracy, peak memory);
+`--vs-trl-smollm2` the same comparison on a real model (vs_trl_smollm2.py: SmolLM2-135M-Instruct on
+word problems, s/step, rollout tokens/s, peak RSS, reward and accuracy curves; `--curve`: 30 minutes).
 
     python packages/grpo/benchmarks/bench_grpo.py [--max-steps 300] [--target 0.9] [--out DIR]
     python packages/grpo/benchmarks/bench_grpo.py --vs-trl [--repeats 3] [--out DIR]
+    python packages/grpo/benchmarks/bench_grpo.py --vs-trl-smollm2 --model models/smollm2 [--curve]
 """
 
 from __future__ import annotations

@@ -15,13 +15,14 @@ only change on both sides is a constant learning rate without warm-up (TRL's is 
 
 Reported per side (each in a subprocess of its own, the driver sampling it every 50 ms as in
 vs_trl.py): s/step (median, eval excluded), rollout tokens/s (response tokens over generation time:
-ours from time/generate and response_length; TRL's `generate` timed by a wrapper), peak RSS of the
+ours from time/generate and rollout_tokens; TRL's `generate` timed by a wrapper), peak RSS of the
 process tree, and the reward and greedy accuracy curves. The initial model's greedy accuracy on the
 same held-out problems (HF generate, in the driver) is step 0 of both curves.
 
     python packages/grpo/benchmarks/bench_grpo.py --vs-trl-smollm2 [--model models/smollm2]
         [--steps 20 --eval-every 5]      # s/step, tokens/s, memory, a short curve
         [--curve]                        # the whole accuracy curve: 30 minutes of training per side
+        [--set rollout.prompts_per_step=2 --set rollout.max_new_tokens=16]  # both sides, e.g. a smoke run
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def bench_config(args: argparse.Namespace) -> tuple[GRPOConfig, list[str]]:
 
     steps = 10_000 if args.curve else args.steps  # --curve: the clock ends it
     overrides = [f"model.path={args.model}", f"max_steps={steps}", f"eval.every={args.eval_every}",
-                 f"eval.num_prompts={args.eval_prompts}", *SAME_ON_BOTH]  # fmt: skip
+                 f"eval.num_prompts={args.eval_prompts}", *SAME_ON_BOTH, *args.set]  # fmt: skip
     return load_config(CONFIG, overrides), overrides
 
 
@@ -248,12 +249,12 @@ def initial_accuracy(config: GRPOConfig) -> float:
     return vs_trl._greedy_accuracy(model, tokenizer, held_out_set(config, tokenizer))
 
 
-def steps_of(run: vs_trl.Run, batch: int) -> list[dict[str, Any]]:
+def steps_of(run: vs_trl.Run) -> list[dict[str, Any]]:
     """One dict per step, alike on both sides: stamp `t`, `step_s`, `eval_s`, `gen_s`, `gen_tokens`,
     `reward` (the step's mean training reward) and, on eval steps, `accuracy`."""
     if run.side == "ours":
         return [{"step": m["step"], "t": t, "step_s": m["time/step"], "eval_s": m.get("time/eval", 0.0),
-                 "gen_s": m.get("time/generate"), "gen_tokens": m["response_length"] * batch,
+                 "gen_s": m.get("time/generate"), "gen_tokens": m["rollout_tokens"],
                  "reward": m.get("reward_mean"), "accuracy": m.get("accuracy")}
                 for t, m in run.lines]  # fmt: skip
     rewards = {m["step"]: m["reward"] for _, m in run.lines if m.get("kind") == "log" and "reward" in m}
@@ -261,9 +262,9 @@ def steps_of(run: vs_trl.Run, batch: int) -> list[dict[str, Any]]:
             for t, m in run.lines if m.get("kind") == "step"]  # fmt: skip
 
 
-def summarize(run: vs_trl.Run, batch: int, start_accuracy: float | None) -> dict[str, Any]:
+def summarize(run: vs_trl.Run, start_accuracy: float | None) -> dict[str, Any]:
     """s/step (median of steps 2+, eval excluded), rollout tokens/s, peak RSS, the curves."""
-    steps = steps_of(run, batch)
+    steps = steps_of(run)
     warm = steps[1:] or steps  # step 1 pays the first-call costs on both sides
     timed = [s for s in warm if s.get("gen_s")]
     curve = (
@@ -334,7 +335,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       else run_trl(overrides, config, Path(args.model), work, timeout))  # fmt: skip
             if result.returncode and not (args.curve and result.wall_s >= timeout):
                 print(f"{result.side} exited with {result.returncode}:\n{result.log_tail}")
-            rows.append(summarize(result, config.rollout.batch_size, start_accuracy))
+            rows.append(summarize(result, start_accuracy))
             print(f"done: {result.side} ({result.wall_s:.0f} s, {rows[-1]['steps']} steps)", flush=True)
     load["end"] = os.getloadavg()
     print(f"\nSmolLM2-135M-Instruct, word problems, {config.rollout.prompts_per_step} x "
@@ -358,6 +359,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-every", type=int, default=5, help="greedy eval every N steps")
     parser.add_argument("--eval-prompts", type=int, default=64, help="held-out problems per eval")
     parser.add_argument("--no-baseline", action="store_true", help="skip the initial model's accuracy")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for both sides (e.g. rollout.max_new_tokens=16)")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> None:
