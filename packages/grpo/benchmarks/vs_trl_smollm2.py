@@ -222,9 +222,30 @@ def run_ours(overrides: list[str], config: GRPOConfig, work: Path, timeout_s: fl
     return vs_trl.watch("ours", cmd, vs_trl._child_env(config), reader, work / "ours.log", timeout_s)
 
 
+def trl_model_dir(model: Path, work: Path) -> Path:
+    """`model`, or (when its config.json names no architecture, as a GGUF conversion may leave it, and
+    TRL builds policy and reference from that name) a view of it under `work` whose config.json does:
+    the other files linked, the causal LM class of the config's `model_type` written in."""
+    config = json.loads((model / "config.json").read_text())
+    if config.get("architectures"):
+        return model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    view = work / "model"
+    view.mkdir()
+    for item in model.iterdir():
+        if item.name != "config.json":
+            (view / item.name).symlink_to(item.resolve())
+    causal_lm = AutoModelForCausalLM._model_mapping[type(AutoConfig.for_model(config["model_type"]))]
+    config["architectures"] = [causal_lm.__name__]
+    (view / "config.json").write_text(json.dumps(config, indent=2))
+    return view
+
+
 def run_trl(
     overrides: list[str], config: GRPOConfig, model: Path, work: Path, timeout_s: float
 ) -> vs_trl.Run:
+    model = trl_model_dir(model, work)
     trl = vs_trl.trl_settings(config, str(work / "trl_out"), config.max_steps)
     trl["logging_steps"] = 1  # the reward of every step, as ours logs it
     spec = {"trl": trl, "model": str(model), "events": str(work / "events.jsonl"), "overrides": overrides,
