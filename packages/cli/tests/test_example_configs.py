@@ -57,6 +57,16 @@ RUN_BY = {
         "test_calculator_config_learns_to_call_the_tool",
         "40 steps, one process; reward and tool use rise",
     ),
+    "smollm2-arith.yaml": (
+        "test_smollm2_configs.py",
+        "test_smollm2_config_trains_two_steps_and_its_export_loads",
+        "2 steps on SmolLM2-135M-Instruct (fixture smollm2_dir), batch shrunk; the export loads",
+    ),
+    "smollm2-arith-lora.yaml": (
+        "test_smollm2_configs.py",
+        "test_smollm2_config_trains_two_steps_and_its_export_loads",
+        "2 steps on SmolLM2-135M-Instruct (fixture smollm2_dir), batch shrunk; the merged export loads",
+    ),
     "local-hf-jsonl-cpu.yaml": (
         "test_example_configs.py",
         "test_local_hf_jsonl_config_trains_on_cpu",

@@ -11,10 +11,13 @@ the reshard seconds / bytes / GB/s per step (`--no-megatron` skips it). `--vllm`
 system with vLLM generating (`engine.rollout=vllm`, run by `nox -s bench-vllm`): its seconds per
 stage next to the torch engine's, the weight load (inside reshard_to_infer) and the log-prob
 mismatch between vLLM and the trainer. `--vs-trl` runs only the comparison with TRL's GRPOTrainer
-instead (vs_trl.py, in this folder: `rl grpo train` and TRL timed to the target accuracy, peak memory).
+instead (vs_trl.py, in this folder: `rl grpo train` and TRL timed to the target accuracy, peak memory);
+`--vs-trl-smollm2` the same comparison on a real model (vs_trl_smollm2.py: SmolLM2-135M-Instruct on
+word problems, s/step, rollout tokens/s, peak RSS, reward and accuracy curves; `--curve`: 30 minutes).
 
     python packages/grpo/benchmarks/bench_grpo.py [--max-steps 300] [--target 0.9] [--out DIR]
     python packages/grpo/benchmarks/bench_grpo.py --vs-trl [--repeats 3] [--out DIR]
+    python packages/grpo/benchmarks/bench_grpo.py --vs-trl-smollm2 --model models/smollm2 [--curve]
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))  # plain_loop.py, bench_packing.py, vs_trl.py
 
 import vs_trl
+import vs_trl_smollm2
 
 STAGES = (
     "time/reshard_to_infer",
@@ -127,10 +131,16 @@ def main() -> None:
     parser.add_argument("--no-megatron", action="store_true", help="skip the megatron-core TP2 run")
     parser.add_argument("--vllm", action="store_true", help="add a run with vLLM generating")
     parser.add_argument("--vs-trl", action="store_true", help="only the comparison with TRL (vs_trl.py)")
+    parser.add_argument("--vs-trl-smollm2", action="store_true",
+                        help="only the real-model comparison with TRL (vs_trl_smollm2.py)")  # fmt: skip
     vs_trl.add_arguments(parser)
+    vs_trl_smollm2.add_arguments(parser)
     args, _ = parser.parse_known_args()  # nox passes every bench_*.py the same arguments
     if args.vs_trl:
         vs_trl.run(args)
+        return
+    if args.vs_trl_smollm2:
+        vs_trl_smollm2.run(args)
         return
 
     import torch

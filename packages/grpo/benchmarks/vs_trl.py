@@ -87,7 +87,8 @@ def _check_mappable(config: GRPOConfig) -> None:
         "rollout.stop_on_eos": roll.stop_on_eos,
         "rollout.partial_max_tokens": roll.partial_max_tokens is None,
         "reward.models": not config.reward.models,
-        "data.task": config.data.task in ("reverse", "addition") and config.model.path is None,
+        "data.task": (config.data.task in ("reverse", "addition") and config.model.path is None)
+        or (config.data.task == "word_problems" and config.model.path is not None),
     }
     bad = [key for key, ok in mismatches.items() if not ok]
     if bad:
@@ -102,7 +103,7 @@ def trl_settings(config: GRPOConfig, output_dir: str, max_steps: int) -> dict[st
     here too). One generation per optimizer step (generation batch = train batch, accumulation 1),
     completions capped at our response budget, the dataset in order (`shuffle_dataset=False`).
     """
-    from entrepot.grpo.data.sources import build_task
+    from entrepot.grpo.data.lengths import response_budget
 
     _check_mappable(config)
     algo, roll = config.algorithm, config.rollout
@@ -120,7 +121,7 @@ def trl_settings(config: GRPOConfig, output_dir: str, max_steps: int) -> dict[st
         "generation_batch_size": rows,
         "num_generations": roll.n_samples_per_prompt,
         "num_iterations": algo.epochs,
-        "max_completion_length": build_task(config).max_new_tokens,
+        "max_completion_length": response_budget(config.data, config.rollout),
         "temperature": roll.temperature,
         "top_p": roll.top_p,
         "top_k": roll.top_k,

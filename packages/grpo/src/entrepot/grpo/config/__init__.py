@@ -31,6 +31,7 @@ from entrepot.grpo.config.rollout import RolloutConfig
 from entrepot.grpo.config.root import GRPOConfig
 from entrepot.grpo.config.run import CheckpointConfig, EvalConfig, LoggingConfig
 from entrepot.grpo.config.trainer import TrainerConfig
+from entrepot.grpo.config.word_problems import WordProblemsConfig
 
 __all__ = [
     "AlgorithmConfig",
@@ -55,6 +56,7 @@ __all__ = [
     "ThreadsConfig",
     "TrainParallelConfig",
     "TrainerConfig",
+    "WordProblemsConfig",
     "config_from_dict",
     "config_to_dict",
     "dump_yaml",

@@ -51,12 +51,14 @@ def check_reference(model: ModelConfig, algorithm: AlgorithmConfig) -> None:
 
 
 def check_model_source(model: ModelConfig, data: DataConfig) -> None:
-    """File prompts need a local model's tokenizer; only the synthetic tasks run on the built decoder."""
+    """File prompts and word problems need a local model's tokenizer; only the character tasks
+    (reverse, addition) run on the built decoder."""
     check(
         model.path is not None or data.task in ("reverse", "addition"),
         "model.path",
         None,
-        f"a local HF model directory when data.task={data.task!r} (file prompts need its tokenizer)",
+        f"a local HF model directory when data.task={data.task!r} (its prompts are text: they need "
+        "the model's tokenizer)",
     )
 
 

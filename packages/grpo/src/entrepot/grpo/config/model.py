@@ -12,10 +12,11 @@ from typing import Literal
 
 from entrepot.grpo.config.fields import check, check_choice, doc
 from entrepot.grpo.config.lora import LoraConfig
+from entrepot.grpo.config.word_problems import WordProblemsConfig
 
 __all__ = ["Architecture", "DataConfig", "ModelConfig", "ReferenceDtype", "TaskName"]
 
-TaskName = Literal["reverse", "addition", "jsonl", "parquet"]
+TaskName = Literal["reverse", "addition", "word_problems", "jsonl", "parquet"]
 Architecture = Literal["gpt2", "qwen2"]
 ReferenceDtype = Literal["float32", "bfloat16"]
 
@@ -110,9 +111,16 @@ class DataConfig:
 
     task: TaskName = field(
         default="reverse",
-        metadata=doc("reverse | addition (synthetic, built in) | jsonl | parquet (local files)."),
+        metadata=doc(
+            "reverse | addition (synthetic, character tokenizer) | word_problems (generated arithmetic "
+            "word problems, GSM8K '#### N' answers; needs model.path) | jsonl | parquet (local files)."
+        ),
     )
     num_digits: int = field(default=8, metadata=doc("Digits per operand of the synthetic tasks."))
+    word_problems: WordProblemsConfig = field(
+        default_factory=WordProblemsConfig,
+        metadata=doc("Difficulty of data.task=word_problems: steps, max_operand, operations."),
+    )
     train_path: str | None = field(
         default=None, metadata=doc("jsonl/parquet file with training prompts (tasks jsonl, parquet).")
     )

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from entrepot.grpo.config.fields import check
 from entrepot.grpo.data.lengths import longest_sequence, partial_max_age, response_budget
 from entrepot.grpo.data.tasks import HELD_OUT_POOL, SYNTHETIC_TASKS, distinct_prompts
+from entrepot.grpo.data.word_problems import distinct_word_problems
 
 if TYPE_CHECKING:
     from entrepot.grpo.config import (
@@ -121,6 +122,12 @@ def check_overlong_buffer(data: DataConfig, rollout: RolloutConfig, reward: Rewa
 def check_prompt_space(data: DataConfig) -> None:
     """A synthetic task has prompts to train on beside its held-out pool (too few digits: it has not,
     and drawing a training prompt outside the pool would never end)."""
+    if data.task == "word_problems":
+        space = distinct_word_problems(data.word_problems)
+        check(space > 2 * HELD_OUT_POOL, "data.word_problems.max_operand", data.word_problems.max_operand,
+              f"large enough that the task has more than {2 * HELD_OUT_POOL} distinct problems (at "
+              f"least {space}; {HELD_OUT_POOL} are held out for evaluation)")  # fmt: skip
+        return
     if data.task not in SYNTHETIC_TASKS:
         return
     space = distinct_prompts(data.task, data.num_digits)

@@ -1,4 +1,4 @@
-"""Prompt sources: the built-in synthetic tasks, or local jsonl / parquet files.
+"""Prompt sources: the built-in synthetic tasks, generated word problems, or local jsonl / parquet files.
 
 File datasets are read whole (prompts are small), shuffled per epoch with a seeded permutation,
 and served as an endless stream indexed by position, so resuming needs only the position.
@@ -22,6 +22,7 @@ from entrepot.grpo.data.tasks import (
     Sample,
     SyntheticTask,
 )
+from entrepot.grpo.data.word_problems import WordProblems
 from entrepot.grpo.errors import DataError
 
 if TYPE_CHECKING:
@@ -152,13 +153,17 @@ def build_task(config: GRPOConfig, tokenizer: Any | None = None) -> TaskSetup:
         raise DataError(
             f"data.task={data.task!r} needs a tokenizer: set model.path to a local HF model directory"
         )
+    chat = data.apply_chat_template and getattr(tokenizer, "chat_template", None) is not None
+    budget = response_budget(data, config.rollout)
+    if data.task == "word_problems":
+        problems = WordProblems(data.word_problems, seed=config.seed)
+        return TaskSetup(tokenizer=tokenizer, source=problems, max_new_tokens=budget, use_chat_template=chat)
     assert data.train_path is not None  # checked by DataConfig
     train = read_records(data.train_path, data.prompt_field, data.answer_field)
     held = read_records(data.eval_path, data.prompt_field, data.answer_field) if data.eval_path else []
-    chat = data.apply_chat_template and getattr(tokenizer, "chat_template", None) is not None
     return TaskSetup(
         tokenizer=tokenizer,
         source=FileDataset(train, held, seed=config.seed, shuffle=data.shuffle),
-        max_new_tokens=response_budget(data, config.rollout),
+        max_new_tokens=budget,
         use_chat_template=chat,
     )

@@ -21,6 +21,7 @@ __all__ = [
     "MULTITURN_ALPHABET",
     "SYNTHETIC_TASKS",
     "CharTokenizer",
+    "GeneratedSource",
     "PromptSource",
     "Sample",
     "SyntheticTask",
@@ -116,40 +117,24 @@ class CharTokenizer:
         return "".join([table[int(i)] for i in ids])
 
 
-class SyntheticTask:
-    """Reverse a digit string or add two numbers; an endless seeded stream plus held-out prompts.
+class GeneratedSource:
+    """An endless seeded stream of generated samples plus a held-out pool that training never draws.
+
+    Subclasses say how one sample is made from a `random.Random` (`_make`); sample `position` of the
+    training stream is made from its own seeded generator, so a stream is a pure function of (seed,
+    position). Training samples that happen to equal a held-out prompt are drawn again.
 
     Args:
-        kind: ``"reverse"`` or ``"addition"``.
-        num_digits: digits per operand.
-        seed: seed of the training stream (held-out prompts use a disjoint stream and are never
-            drawn for training).
+        seed: seed of the training stream (held-out prompts use a disjoint stream).
     """
 
-    def __init__(self, kind: Literal["reverse", "addition"], num_digits: int = 8, seed: int = 0) -> None:
-        if kind not in ("reverse", "addition"):
-            raise ValueError(f"task kind ({kind!r}) must be 'reverse' or 'addition'")
-        self.kind = kind
-        self.num_digits = num_digits
+    def __init__(self, seed: int = 0) -> None:
         self.seed = seed
         self._held_out: list[Sample] = []
         self._held_out_prompts: set[str] = set()
 
-    @property
-    def answer_length(self) -> int:
-        """Characters of every answer (fixed width)."""
-        return answer_tokens(self.kind, self.num_digits)
-
-    def _number(self, rng: random.Random) -> str:
-        return "".join(rng.choice("0123456789") for _ in range(self.num_digits))
-
     def _make(self, rng: random.Random) -> Sample:
-        if self.kind == "reverse":
-            digits = self._number(rng)
-            return Sample(prompt=f"{digits}=", answer=digits[::-1])
-        a, b = self._number(rng), self._number(rng)
-        total = str(int(a) + int(b)).zfill(self.answer_length)
-        return Sample(prompt=f"{a}+{b}=", answer=total)
+        raise NotImplementedError
 
     def _train_sample(self, position: int) -> Sample:
         rng = random.Random(self.seed * 1_000_000_007 + position)
@@ -175,3 +160,37 @@ class SyntheticTask:
             raise ValueError(f"held-out count ({count}) must be between 1 and {HELD_OUT_POOL}")
         self._build_held_out()
         return self._held_out[:count]
+
+
+class SyntheticTask(GeneratedSource):
+    """Reverse a digit string or add two numbers; an endless seeded stream plus held-out prompts.
+
+    Args:
+        kind: ``"reverse"`` or ``"addition"``.
+        num_digits: digits per operand.
+        seed: seed of the training stream (held-out prompts use a disjoint stream and are never
+            drawn for training).
+    """
+
+    def __init__(self, kind: Literal["reverse", "addition"], num_digits: int = 8, seed: int = 0) -> None:
+        if kind not in ("reverse", "addition"):
+            raise ValueError(f"task kind ({kind!r}) must be 'reverse' or 'addition'")
+        super().__init__(seed)
+        self.kind = kind
+        self.num_digits = num_digits
+
+    @property
+    def answer_length(self) -> int:
+        """Characters of every answer (fixed width)."""
+        return answer_tokens(self.kind, self.num_digits)
+
+    def _number(self, rng: random.Random) -> str:
+        return "".join(rng.choice("0123456789") for _ in range(self.num_digits))
+
+    def _make(self, rng: random.Random) -> Sample:
+        if self.kind == "reverse":
+            digits = self._number(rng)
+            return Sample(prompt=f"{digits}=", answer=digits[::-1])
+        a, b = self._number(rng), self._number(rng)
+        total = str(int(a) + int(b)).zfill(self.answer_length)
+        return Sample(prompt=f"{a}+{b}=", answer=total)

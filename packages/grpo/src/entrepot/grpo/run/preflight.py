@@ -164,10 +164,16 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
 
         for path in config.reward.models:
             check_reward_model_dir(path)
-    if config.data.task not in ("jsonl", "parquet"):
-        return
     from entrepot.grpo.data.prompt_lengths import check_prompt_lengths
     from entrepot.grpo.data.sources import FileDataset, build_task
+    from entrepot.grpo.data.tasks import HELD_OUT_POOL
+
+    if config.data.task == "word_problems":  # the held-out pool's prompts fit data.max_prompt_tokens
+        problems = build_task(config, tokenizer)
+        prompts = [s.prompt for s in problems.source.held_out(HELD_OUT_POOL if every_prompt else 64)]
+        check_prompt_lengths(problems, prompts, config.data.max_prompt_tokens)
+    if config.data.task not in ("jsonl", "parquet"):
+        return
 
     setup = build_task(config, tokenizer)  # reads and checks both prompt files
     assert isinstance(setup.source, FileDataset)  # data.task is jsonl or parquet
