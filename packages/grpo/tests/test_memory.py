@@ -153,7 +153,8 @@ def test_the_update_counts_activations_and_logits_and_checkpointing_lowers_them(
     checkpointed = estimate_memory(load_config(None, [*llama, "engine.activation_checkpointing=true"]))
     assert plain.activations > checkpointed.activations > 0 and plain.logits == checkpointed.logits > 0
     update_device, _ = plain.stages["update"]
-    # HF generate's copy is dropped between rollouts (`_idle_rollout_weights`)
+    # the Llama-family engine reads the policy's parameters: no rollout copy (`can_read_policy`)
+    assert plain.rollout_weights == 0 and plain.resharded_copy == 0
     state = plain.params + plain.grads + plain.optimizer + plain.reference
     assert update_device == state + plain.activations + plain.logits + plain.runtime
     assert "prompts shared" in plain.activations_basis and "checkpointed" in checkpointed.activations_basis

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from entrepot.grpo.embedded import checkpointing
 from entrepot.grpo.embedded.llama_layers import (
     Attend,
     LlamaDims,
@@ -43,10 +44,10 @@ def supports(model: torch.nn.Module) -> bool:
     config: Any = model.config
     dropout = float(getattr(config, "attention_dropout", 0.0) or 0.0)
     new_name = hasattr(type(model), "is_activation_checkpointing")  # transformers 5 renamed it
-    checkpointing = bool(
+    hf_checkpointing = bool(
         getattr(model, "is_activation_checkpointing" if new_name else "is_gradient_checkpointing", False)
     )
-    return not (model.training and dropout > 0) and not checkpointing
+    return not (model.training and dropout > 0) and not hf_checkpointing
 
 
 def head_weight(model: torch.nn.Module) -> torch.Tensor:
@@ -60,7 +61,9 @@ def packed_hidden(
 ) -> torch.Tensor:
     """Final-normed hidden states [R, E] at positions `keep` of the packed row `ids` [M] (positions [M]).
 
-    `attend` is the packed attention over the row, softmax scale 1 / sqrt(head_dim).
+    `attend` is the packed attention over the row, softmax scale 1 / sqrt(head_dim). Each layer runs
+    under `torch.utils.checkpoint` when the model's activation checkpointing is on
+    (`entrepot.grpo.embedded.checkpointing`).
     """
     lm: Any = model  # an HF Llama-family causal LM (`supports`)
     dims = LlamaDims.of(model)
@@ -68,7 +71,7 @@ def packed_hidden(
     hidden = lm.model.embed_tokens(ids)  # [M, E] (HF's embedding: its padding row gets no gradient)
     cos, sin = rope_tables(inv_freq, scaling, position_ids, hidden.dtype)  # [M, 1, D]
     for layer in module_layers(model):
-        hidden = decoder_layer(hidden, layer, dims, cos, sin, attend)
+        hidden = checkpointing.run_layer(model, decoder_layer, hidden, layer, dims, cos, sin, attend)
     return F.rms_norm(hidden[keep], (dims.hidden,), lm.model.norm.weight, dims.eps)
 
 

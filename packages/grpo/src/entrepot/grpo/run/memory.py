@@ -29,8 +29,8 @@ run sit somewhat above their figures here (BENCHMARKS.md: within 20% on SmolLM2-
 `engine.offload_params`, `offload_optimizer`, `offload_reference` and `offload_reward_models` keep
 theirs in host memory meanwhile and `offload_grads` drops the gradients (the next update starts from
 zero). With `resources.colocate: false` the reference and the reward models are on their own workers:
-an actor rank holds neither. On
-engine.device=cpu host memory is the device: offloading there moves bytes without freeing any.
+an actor rank holds neither. On engine.device=cpu host memory is the device: offloading there moves
+bytes without freeing any.
 
 Left out: megatron's activations, the logits of log-prob passes and of generation, the CUDA context
 and allocator slack, vLLM's own workspace and vocabulary padding, megatron's gradient-buffer padding,
@@ -47,20 +47,16 @@ from typing import Any
 import torch
 
 from entrepot.grpo.config import (
-    DataConfig,
     EngineConfig,
-    EvalConfig,
     GRPOConfig,
-    MultiTurnConfig,
     RewardConfig,
-    RolloutConfig,
     TrainParallelConfig,
 )
-from entrepot.grpo.data.lengths import longest_sequence
 from entrepot.grpo.engines.registry import RolloutKind, choose_engines, rollout_kind
-from entrepot.grpo.engines.rollout_vllm import VLLM_KV_BLOCK_TOKENS, vllm_kv_cache_bytes
+from entrepot.grpo.engines.rollout_vllm import vllm_kv_cache_bytes
 from entrepot.grpo.errors import DataError
 from entrepot.grpo.run.activations import UpdateWorkingSet, update_working_set
+from entrepot.grpo.run.kv_cache import rollout_kv_cache
 
 __all__ = ["MemoryEstimate", "estimate_memory", "vllm_kv_cache_bytes"]
 
@@ -172,9 +168,18 @@ def estimate_memory(config: GRPOConfig) -> MemoryEstimate:
     num_ranks = config.resources.num_actor_workers * train.model_parallel
     sharded = engines.train.shards_weights  # TP / PP shards, a bucketed Resharder with its scratch
     params = _nbytes(_rank_shard(train, sharded, adaptor, train_state).values())
-    copy, aliases = _resharded_copy(sharded, adaptor, train_state, kind, model.parameters())
-    kv_cache, basis = _kv_cache(config.data, config.rollout, config.eval, model.config, kind, num_ranks,
-                                config.multiturn)  # fmt: skip
+    # the Llama-family engine reads a torch policy's own parameters (`rollout_llama.can_read_policy`)
+    reads_policy = kind == "llama" and not (
+        sharded or config.model.lora.enabled or config.engine.offload_params
+    )
+    copy, aliases = (
+        (0, True)
+        if reads_policy
+        else _resharded_copy(sharded, adaptor, train_state, kind, model.parameters())
+    )
+    kv_cache, basis = rollout_kv_cache(
+        config.data, config.rollout, config.eval, model.config, kind, num_ranks, config.multiturn
+    )
     if sharded:
         working = UpdateWorkingSet(0, 0, "megatron's activations are not counted")
     else:
@@ -191,7 +196,9 @@ def estimate_memory(config: GRPOConfig) -> MemoryEstimate:
         optimizer=ADAM_MOMENTS * params,
         reference=reference,
         reward_models=_reward_model_bytes(config.reward) if config.resources.colocate else 0,
-        rollout_weights=_rollout_weights(config.parallel.infer.tensor, adaptor, train_state, kind),
+        rollout_weights=0
+        if reads_policy
+        else _rollout_weights(config.parallel.infer.tensor, adaptor, train_state, kind),
         resharded_copy=copy,
         reshard_scratch=config.engine.reshard_bucket_mb * 2**20 if sharded else 0,
         kv_cache=kv_cache,
@@ -274,7 +281,7 @@ def _resharded_copy(
         return _nbytes(adaptor.train_to_infer(train_state).values()), False
     from entrepot.resharding import LocalResharder
 
-    weights = LocalResharder(adaptor, "hf" if kind == "hf" else "infer").reshard(train_state)
+    weights = LocalResharder(adaptor, "hf" if kind in ("hf", "llama") else "infer").reshard(train_state)
     params = {_storage_id(p) for p in parameters}
     unique = {_storage_id(t): t for t in weights.values()}
     fresh = [t for key, t in unique.items() if key not in params]
@@ -290,33 +297,6 @@ def _rollout_weights(
 
         return _nbytes(adaptor.shard(train_state, ParallelLayout(tp=tensor)).values())
     return _nbytes(train_state.values())
-
-
-def _kv_cache(
-    data: DataConfig, rollout: RolloutConfig, evaluation: EvalConfig, hf_config: Any, kind: RolloutKind,
-    num_ranks: int, multiturn: MultiTurnConfig,
-) -> tuple[int, str]:  # fmt: skip
-    """The rollout engine's largest KV cache and how it was sized."""
-    from entrepot.resharding.adaptors import ModelDims
-
-    tokens = longest_sequence(data, rollout, multiturn)
-    if kind == "vllm":
-        seqs = rollout.batch_size
-        return vllm_kv_cache_bytes(hf_config, tokens, seqs), (
-            f"vLLM's kv_cache_memory_bytes: {seqs} sequences x {tokens} tokens in "
-            f"{VLLM_KV_BLOCK_TOKENS}-token blocks"
-        )
-    # a rank generates its share of the step's prompt groups at once, and evaluation all its prompts
-    rows = -(-rollout.prompts_per_step // num_ranks) * rollout.n_samples_per_prompt
-    seqs = max(rows, evaluation.num_prompts)
-    dims = ModelDims.from_config(hf_config)
-    heads = dims.num_heads if kind == "gpt2" else dims.num_kv_heads  # the embedded engine caches every head
-    per_token = 2 * dims.num_layers * heads * dims.head_dim * FLOAT32_BYTES
-    engine = "embedded GPT-2 engine" if kind == "gpt2" else "HF generate"
-    return per_token * seqs * tokens, (
-        f"{engine}: {seqs} sequences x {tokens} tokens (prompt + response) x {dims.num_layers} layers "
-        f"x K and V x {heads} heads x {dims.head_dim}"
-    )
 
 
 def _with_stages(
@@ -377,7 +357,8 @@ def _idle_rollout_weights(estimate: MemoryEstimate, kind: RolloutKind) -> tuple[
     """(device, host) bytes of the rollout weights between rollouts.
 
     vLLM sleeps on an accelerator (weights dropped) and keeps its packed weights on CPU; the embedded
-    GPT-2 engine moves its weights to host memory (on CPU: stays); the HF engine drops them.
+    GPT-2 engine and the Llama-family engine's own copy move to host memory (on CPU: stay); the HF
+    engine drops them; a Llama-family engine reading the policy holds none.
     """
     if kind == "hf":
         return 0, 0
