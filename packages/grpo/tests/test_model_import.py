@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests_support_models import tiny_model_dir, word_tokenizer
+from tests_support_gguf import bpe_tokenizer, tiny_model, write_gguf
+from tests_support_models import tiny_model_dir
 
 from entrepot.grpo import _install, load_config
 from entrepot.grpo.engines import model_import
@@ -116,35 +117,58 @@ def test_an_installed_package_is_found_by_its_file_list(
         find_gguf("two-models")
 
 
-@pytest.mark.parametrize("architecture", ["qwen2", "qwen3", "llama"])
-@pytest.mark.parametrize("tied", [True, False])
-def test_the_written_directory_loads_with_the_same_logits(
+@pytest.mark.parametrize("architecture", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_an_imported_gguf_loads_in_transformers_with_the_models_logits_and_tokenizer(
     tmp_path: Path, architecture: str, tied: bool
 ) -> None:
-    """The writer (the part after the GGUF load) on tiny models: a tied head is left out and re-tied."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    shape = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-             "num_key_value_heads": 1, "vocab_size": 40, "tie_word_embeddings": tied}  # fmt: skip
-    config = AutoConfig.for_model(architecture, **shape)
-    config.quantization_config = {"quant_method": "gguf"}  # as a GGUF load leaves it
-    model = AutoModelForCausalLM.from_config(config).eval()
-    model_import._write(model, word_tokenizer(), tmp_path / "out")
-    written = json.loads((tmp_path / "out" / "config.json").read_text())
-    assert "quantization_config" not in written and written["architectures"] == [type(model).__name__]
+    """A tiny float32 GGUF of each family (tests_support_gguf) through `import_gguf` and back."""
     from safetensors import safe_open
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    with safe_open(str(tmp_path / "out" / "model.safetensors"), "pt") as f:
+    tokenizer = bpe_tokenizer()
+    model = tiny_model(architecture, len(tokenizer) + 4, tied=tied)
+    path = write_gguf(model, tokenizer, tmp_path / f"{architecture}.gguf")
+    progress: list[str] = []
+    imported = import_gguf(path, tmp_path / "out", progress=progress.append)
+    assert imported.architecture == architecture and progress[0].startswith(f"reading {architecture}.gguf")
+    assert imported.num_parameters == sum(p.numel() for p in model.parameters())  # a tied head once
+    assert set(imported.files) >= {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "generation_config.json",
+    }
+    written = json.loads((imported.directory / "config.json").read_text())
+    assert "quantization_config" not in written and written["architectures"] == [type(model).__name__]
+    with safe_open(str(imported.directory / "model.safetensors"), "pt") as f:
         assert ("lm_head.weight" in set(f.keys())) is not tied
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
-    ids = torch.tensor([[3, 5, 7, 11, 2]])
+
+    loaded = AutoModelForCausalLM.from_pretrained(imported.directory).eval()
+    ours = AutoTokenizer.from_pretrained(imported.directory)
+    messages = [{"role": "user", "content": "tom has 3 apples and buys 4 more"}]
+    assert ours.apply_chat_template(messages, tokenize=False) == tokenizer.apply_chat_template(
+        messages, tokenize=False
+    )
+    ids = torch.tensor([ours("tom has 3 apples, how many now").input_ids])
+    # the tokenizer transformers builds from the file (its pre-tokenizer split depends on the family)
+    from_file = AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    assert ids.tolist() == [from_file("tom has 3 apples, how many now").input_ids]
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, model(ids).logits)
-    assert (tmp_path / "out" / "tokenizer.json").is_file() and (
-        tmp_path / "out" / "chat_template.jinja"
-    ).is_file()
-    assert (tmp_path / "out" / "generation_config.json").is_file()
+    check_not_quantized(imported.directory)
+
+
+def test_force_replaces_an_earlier_import(tmp_path: Path) -> None:
+    tokenizer = bpe_tokenizer()
+    path = write_gguf(tiny_model("qwen2", len(tokenizer)), tokenizer, tmp_path / "m.gguf")
+    out = import_gguf(path, tmp_path / "out").directory
+    (out / "stale.bin").write_text("")
+    with pytest.raises(ModelImportError, match="is not empty"):
+        import_gguf(path, out)
+    import_gguf(path, out, force=True)
+    assert not (out / "stale.bin").exists() and (out / "model.safetensors").is_file()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging left
 
 
 def _quantized_copy(model_dir: Path, target: Path) -> Path:

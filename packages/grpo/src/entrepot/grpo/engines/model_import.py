@@ -9,7 +9,7 @@ refuses to train it and we would train it unchecked. `import_gguf` writes the di
 | ----------------------- | ------------------------------------------------------------------------ |
 | model.safetensors       | the dequantized fp32 state dict; a tied output head left out (HF ties it) |
 | config.json             | the model's config without `quantization_config`, `architectures` set     |
-| tokenizer files         | tokenizer.json, tokenizer_config.json and the chat template               |
+| tokenizer files         | tokenizer.json (loaded as is: the generic class), its config, chat template |
 | generation_config.json  | the model's generation defaults (bos/eos/pad ids)                         |
 
 Only the Llama, Qwen2 and Qwen3 families are accepted (`IMPORTABLE`): those are the architectures
@@ -215,8 +215,20 @@ def _write(model: Any, tokenizer: Any, directory: Path) -> int:
     config = clean_config(model.config.to_diff_dict(), type(model).__name__)
     (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     tokenizer.save_pretrained(directory)
+    _as_generic_tokenizer(directory / "tokenizer_config.json")
     model.generation_config.save_pretrained(directory)
     return sum(tensor.numel() for tensor in state.values())
+
+
+def _as_generic_tokenizer(config_file: Path) -> None:
+    """Name the generic fast tokenizer class, so that tokenizer.json (the file's tokenizer) loads as is.
+
+    A family's own class (`Qwen2Tokenizer`) rebuilds its pre-tokenizer when it loads, which can split
+    text differently from the GGUF file's tokenizer that was written.
+    """
+    config = json.loads(config_file.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def _untied_state_dict(model: Any) -> dict[str, Any]:
