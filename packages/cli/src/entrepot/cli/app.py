@@ -19,6 +19,7 @@ from entrepot.cli._errors import user_errors
 from entrepot.cli._export import export
 from entrepot.cli._grpo import grpo_app
 from entrepot.cli._grpo_config import ConfigOption, OverridesArgument, load_checked_config
+from entrepot.cli._model import model_app
 from entrepot.cli._samples import samples
 from entrepot.cli.versions import ENTREPOT_DISTRIBUTIONS, STACK_DISTRIBUTIONS, installed_versions
 
@@ -34,6 +35,7 @@ grpo_app.command("samples")(samples)
 app.add_typer(grpo_app)
 app.add_typer(dock_app)
 app.add_typer(batching_app)
+app.add_typer(model_app)
 
 
 def _print_versions(include_stack: bool) -> None:

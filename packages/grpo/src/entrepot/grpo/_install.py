@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __all__ = [
     "COMMANDS",
+    "GGUF",
     "LORA",
     "MEGATRON",
     "PARQUET",
@@ -45,7 +46,8 @@ VLLM_CPU = (
 PARQUET = pip_install("parquet")
 LORA = pip_install("lora")
 WANDB = pip_install("wandb")
+GGUF = pip_install("gguf")  # engines.model_import: transformers' GGUF reader
 TENSORBOARD = "pip install tensorboard"  # no extra: PyPI's tensorboard is all it takes
 
 # Every command a message of this package prints (the test reads this).
-COMMANDS = (MEGATRON, VLLM_GPU, VLLM_CPU, PARQUET, LORA, WANDB, TENSORBOARD)
+COMMANDS = (MEGATRON, VLLM_GPU, VLLM_CPU, PARQUET, LORA, WANDB, GGUF, TENSORBOARD)

@@ -9,6 +9,7 @@ __all__ = [
     "GRPOConfigError",
     "GRPOError",
     "LogpMismatchError",
+    "ModelImportError",
     "RewardError",
     "RewardModelError",
     "RolloutLostError",
@@ -32,6 +33,11 @@ class GRPOConfigError(GRPOError, ValueError):
 
 class DataError(GRPOError, ValueError):
     """A prompt file or model directory is missing, malformed, or lacks a configured field."""
+
+
+class ModelImportError(DataError):
+    """A model file cannot be imported as an HF directory (`engines.model_import`): a missing file, an
+    architecture not taken, an occupied output directory, or a missing extra; the message names the file."""
 
 
 class RewardError(GRPOError, ValueError):

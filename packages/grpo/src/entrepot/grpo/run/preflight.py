@@ -112,7 +112,8 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
     Checks the longest prompt + response against the built decoder's positions and the token
     budgets (`entrepot.grpo.data.checks.check_task_fits`), imports the custom verifiers and checks
     every verifier name (`registry_names.check_reward_names`), loads the
-    model directory's config and tokenizer (not its weights), checks its shape against the parallel
+    model directory's config and tokenizer (not its weights), refuses one whose config declares a
+    quantization (`engines.model_import.check_not_quantized`), checks its shape against the parallel
     layout, the longest sequence and the tokenizer (and, with engine.train=megatron, that megatron's
     recipe builds its architecture and RoPE), checks the reference directory and the
     reward-model directories (configs and tokenizers), reads the prompt files and reads every gold
@@ -131,9 +132,11 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
     check_reward_names(config.reward)
     tokenizer, hf_config = None, None
     if config.model.path is not None:
+        from entrepot.grpo.engines.model_import import check_not_quantized
         from entrepot.grpo.engines.models import load_model_config, load_tokenizer
 
         hf_config = load_model_config(config.model.path)
+        check_not_quantized(config.model.path)
         _check_model_shape(config, hf_config)
         _check_megatron_recipe(config, hf_config)
         tokenizer = load_tokenizer(config.model.path)
@@ -197,9 +200,11 @@ def _check_reference(config: GRPOConfig, policy: Any) -> None:
     if path is None:
         return
     from entrepot.grpo.data.sources import build_task
+    from entrepot.grpo.engines.model_import import check_not_quantized
     from entrepot.grpo.engines.models import load_model_config, model_config
 
     reference = load_model_config(path, key="model.ref_model_load_path")
+    check_not_quantized(path, key="model.ref_model_load_path")
     if policy is None:
         tok = build_task(config).tokenizer
         policy = model_config(config.model, tok.vocab_size, pad_token_id=tok.pad_token_id,
