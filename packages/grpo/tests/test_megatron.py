@@ -236,19 +236,7 @@ def test_megatron_trains_multiturn_trajectories(tmp_path: Path) -> None:
     assert any(r["multiturn/env_token_frac"] > 0 for r in rows)
 
 
-SMOLLM2 = Path("/work/models/smollm2")
-
-
-@pytest.fixture(scope="module")
-def smollm2_dir() -> Path:
-    """TEMPORARY, until the session conftest's `smollm2_dir` (SmolLM2-135M-Instruct converted once to a
-    plain HF directory) lands: remove this fixture then, so that the conftest's is used."""
-    if not (SMOLLM2 / "config.json").is_file():
-        pytest.skip(f"no SmolLM2 directory at {SMOLLM2}")
-    return SMOLLM2
-
-
-def test_smollm2_trains_two_steps_with_megatron(smollm2_dir: Path, tmp_path: Path) -> None:
+def test_smollm2_trains_two_steps_with_megatron(smollm2: Path, tmp_path: Path) -> None:
     """SmolLM2-135M-Instruct (Llama: 30 layers, 9 query / 3 KV heads, RoPE theta 1e5, tied embeddings)
     as a megatron-core GPTModel (TP1, one process): two steps, resharded into the rollout each step,
     and the checkpoint's HF export loads in transformers with every weight's name and shape, trained."""
@@ -258,7 +246,7 @@ def test_smollm2_trains_two_steps_with_megatron(smollm2_dir: Path, tmp_path: Pat
     prompts = tmp_path / "train.jsonl"
     rows = [{"prompt": f"What is {a} + {a}? Answer after ####.", "answer": str(2 * a)} for a in (1, 2, 3, 4)]
     prompts.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    overrides = [f"model.path={smollm2_dir}", "data.task=jsonl", f"data.train_path={prompts}",
+    overrides = [f"model.path={smollm2}", "data.task=jsonl", f"data.train_path={prompts}",
                  f"data.eval_path={prompts}", "engine.train=megatron", "resources.use_ray=false",
                  "rollout.prompts_per_step=2", "rollout.n_samples_per_prompt=4", "rollout.max_new_tokens=16",
                  # rewards that vary within each group (even answers): the update has a gradient
@@ -273,7 +261,7 @@ def test_smollm2_trains_two_steps_with_megatron(smollm2_dir: Path, tmp_path: Pat
     assert result.checkpoint is not None
     export = AutoModelForCausalLM.from_pretrained(result.checkpoint / "hf", dtype=torch.float32)
     trained = dict(export.named_parameters())
-    with safe_open(str(smollm2_dir / "model.safetensors"), framework="pt") as start:
+    with safe_open(str(smollm2 / "model.safetensors"), framework="pt") as start:
         names = list(start.keys())
         assert {n for n in names if n != "lm_head.weight"} <= trained.keys()
         assert all(list(trained[n].shape) == start.get_slice(n).get_shape() for n in names if n in trained)
