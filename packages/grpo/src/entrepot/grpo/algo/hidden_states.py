@@ -3,8 +3,7 @@
 The same forwards as `entrepot.grpo.algo.sequences`' logits paths (packed: shared-prefix or
 varlen; padded), stopped before the LM head: the written-out forward of GPT-2 or the Llama family
 (`entrepot.grpo.embedded.gpt2_forward` / `llama_forward`, `packed_hidden`), HF's decoder stack
-otherwise. The head then
-runs a chunk of rows at a time. `head_weight` says which models qualify (their logits are exactly
+otherwise. The head then runs a chunk of rows at a time. `head_weight` says which models qualify (their logits are exactly
 hidden @ W^T); the others keep the logits paths.
 
 Legend: B rows, N tokens, R response tokens, L = longest row, E hidden size, V vocab.
@@ -15,16 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from entrepot.grpo.algo.sequences import ResponseBatch, packed_attention
-from entrepot.grpo.embedded import gpt2_forward, llama_forward
+from entrepot.grpo.algo.sequences import ResponseBatch, packed_attention, packed_row, written_out_forward
 from entrepot.grpo.embedded.gpt2_model import EmbeddedGPT2, hf_architecture
-from entrepot.grpo.embedded.shared_prefix import (
-    cached_shared_prefix_layout,
-    segment_starts,
-    shared_prefix_attention,
-)
+from entrepot.grpo.embedded.shared_prefix import segment_starts
 
 __all__ = ["PLAIN_HEAD_ARCHITECTURES", "head_weight", "packed_hidden", "padded_hidden"]
 
@@ -72,59 +65,15 @@ def packed_hidden(model: torch.nn.Module, batch: ResponseBatch, keep: torch.Tens
     The same forward as `_packed_logits` without its LM head: a written-out forward, or HF's decoder
     (`use_cache=False`: a training forward builds no KV cache, and a checkpointed layer recomputes).
     """
-    device = next(model.parameters()).device
-    layout = cached_shared_prefix_layout(batch.tokens, batch.prompt_lengths, batch.response_lengths)
-    written_out = next((f for f in (gpt2_forward, llama_forward) if f.supports(model)), None)
-    if layout is not None and written_out is not None:
-        prefix = layout  # narrowed to not-None for the closure
-        return written_out.packed_hidden(
-            model,
-            batch.tokens[layout.order].to(device),
-            layout.position_ids.to(device),
-            layout.keep.to(device),
-            lambda q, k, v: shared_prefix_attention(q, k, v, prefix, q.shape[-1] ** -0.5),
-        )
-    if layout is not None:
-        with packed_attention(model):
-            output = _decoder(model)(
-                input_ids=batch.tokens[layout.order][None].to(device),
-                attention_mask=torch.ones(1, layout.num_tokens, dtype=torch.int64, device=device),
-                position_ids=layout.position_ids[None].to(device),
-                shared_prefix=layout,
-                use_cache=False,
-            )
-        shared: torch.Tensor = output.last_hidden_state[0, layout.keep.to(device)]  # [R, E]
-        return shared
-    lengths = batch.lengths  # [B]
-    starts = segment_starts(lengths)
-    position_ids = torch.arange(batch.tokens.numel()) - torch.repeat_interleave(starts, lengths)  # [N]
-    cu = F.pad(torch.cumsum(lengths, 0), (1, 0)).to(device=device, dtype=torch.int32)  # [B + 1]
-    max_length = int(lengths.max())
+    row = packed_row(batch, keep, next(model.parameters()).device)
+    written_out = written_out_forward(model)
     if written_out is not None:
-        from entrepot.batching import packed_causal_attention
-
-        return written_out.packed_hidden(
-            model,
-            batch.tokens.to(device),
-            position_ids.to(device),
-            keep.to(device),
-            lambda q, k, v: packed_causal_attention(
-                q, k, v, cu, max_length, softmax_scale=q.shape[-1] ** -0.5
-            ),
-        )
+        hidden: torch.Tensor = written_out.packed_hidden(model, *row.written_out_args())
+        return hidden
     with packed_attention(model):
-        output = _decoder(model)(
-            input_ids=batch.tokens[None].to(device),
-            attention_mask=torch.ones(1, batch.tokens.numel(), dtype=torch.int64, device=device),
-            position_ids=position_ids[None].to(device),
-            cu_seq_lens_q=cu,
-            cu_seq_lens_k=cu,
-            max_length_q=max_length,
-            max_length_k=max_length,
-            use_cache=False,
-        )
-    hidden: torch.Tensor = output.last_hidden_state[0, keep.to(device)]  # [R, E]
-    return hidden
+        output = _decoder(model)(**row.hf_inputs(), use_cache=False)
+    decoded: torch.Tensor = output.last_hidden_state[0, row.keep]  # [R, E]
+    return decoded
 
 
 def padded_hidden(

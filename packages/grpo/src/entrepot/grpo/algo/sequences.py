@@ -16,7 +16,7 @@ Legend: B rows, N = sum(p_i + r_i) tokens, R = sum(r_i) response tokens, L = max
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +32,16 @@ from entrepot.grpo.embedded.shared_prefix import (
     shared_prefix_attention,
 )
 
-__all__ = ["PACKED_ATTENTION", "ResponseBatch", "packed_attention", "response_logprobs", "segment_index"]
+__all__ = [
+    "PACKED_ATTENTION",
+    "PackedRow",
+    "ResponseBatch",
+    "packed_attention",
+    "packed_row",
+    "response_logprobs",
+    "segment_index",
+    "written_out_forward",
+]
 
 PACKED_ATTENTION = "entrepot_packed"
 
@@ -193,66 +202,86 @@ def packed_attention(model: torch.nn.Module) -> Iterator[None]:
         config._attn_implementation = previous
 
 
-def _packed_logits(model: torch.nn.Module, batch: ResponseBatch, keep: torch.Tensor) -> torch.Tensor:
-    """Logits [R, V] at flat positions `keep` of the packed row (the LM head runs on those only).
+@dataclass(frozen=True)
+class PackedRow:
+    """A batch as one packed row, on the model's device, ready for a forward over it.
 
-    Rows that share a prompt (a GRPO group) run it once (`entrepot.grpo.embedded.shared_prefix`). GPT-2
-    and the Llama family run the written-out forward of `entrepot.grpo.embedded.gpt2_forward` /
-    `llama_forward`, other models HF's.
+    Rows that share a prompt (a GRPO group) carry it once (`entrepot.grpo.embedded.shared_prefix`);
+    otherwise the row is the sequences end to end under varlen causal attention.
+
+    Attributes:
+        ids: int64 [M] the row's tokens.
+        position_ids: int64 [M] each token's position inside its sequence.
+        keep: int64 [R] the positions whose next token is a response token.
+        attend: the row's attention for the written-out forwards (q, k, v [M, H, D] -> [M, H, D]).
+        hf_kwargs: what HF's forward takes for the same attention inside `packed_attention`.
     """
-    device = _device_of(model)
+
+    ids: torch.Tensor
+    position_ids: torch.Tensor
+    keep: torch.Tensor
+    attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    hf_kwargs: dict[str, Any]
+
+    def written_out_args(self) -> tuple[Any, ...]:
+        """(ids, position_ids, keep, attend): what a written-out forward takes after the model."""
+        return self.ids, self.position_ids, self.keep, self.attend
+
+    def hf_inputs(self) -> dict[str, Any]:
+        """HF forward keyword arguments for the row (batch of one, no padding mask)."""
+        mask = torch.ones(1, self.ids.numel(), dtype=torch.int64, device=self.ids.device)
+        return {"input_ids": self.ids[None], "attention_mask": mask, "position_ids": self.position_ids[None],
+                **self.hf_kwargs}  # fmt: skip
+
+
+def packed_row(batch: ResponseBatch, keep: torch.Tensor, device: torch.device) -> PackedRow:
+    """`batch` as one packed row (`keep` [R]: the flat positions predicting response tokens)."""
     layout = cached_shared_prefix_layout(batch.tokens, batch.prompt_lengths, batch.response_lengths)
-    written_out = next((f for f in (gpt2_forward, llama_forward) if f.supports(model)), None)
-    if layout is not None and written_out is not None:
+    if layout is not None:
         prefix = layout  # narrowed to not-None for the closure
-        return written_out.packed_logits(
-            model,
+        return PackedRow(
             batch.tokens[layout.order].to(device),
             layout.position_ids.to(device),
             layout.keep.to(device),
             lambda q, k, v: shared_prefix_attention(q, k, v, prefix, q.shape[-1] ** -0.5),
+            {"shared_prefix": layout},
         )
-    if layout is not None:
-        with packed_attention(model):
-            output = model(
-                input_ids=batch.tokens[layout.order][None].to(device),
-                attention_mask=torch.ones(1, layout.num_tokens, dtype=torch.int64, device=device),
-                position_ids=layout.position_ids[None].to(device),
-                shared_prefix=layout,
-                logits_to_keep=layout.keep.to(device),
-            )
-        shared: torch.Tensor = output.logits[0]  # [R, V]
-        return shared
+    from entrepot.batching import packed_causal_attention
+
     lengths = batch.lengths  # [B]
     starts = segment_starts(lengths)
     position_ids = torch.arange(batch.tokens.numel()) - torch.repeat_interleave(starts, lengths)  # [N]
     cu = F.pad(torch.cumsum(lengths, 0), (1, 0)).to(device=device, dtype=torch.int32)  # [B + 1]
     max_length = int(lengths.max())
-    if written_out is not None:
-        from entrepot.batching import packed_causal_attention
+    return PackedRow(
+        batch.tokens.to(device),
+        position_ids.to(device),
+        keep.to(device),
+        lambda q, k, v: packed_causal_attention(q, k, v, cu, max_length, softmax_scale=q.shape[-1] ** -0.5),
+        {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max_length, "max_length_k": max_length},
+    )
 
-        return written_out.packed_logits(
-            model,
-            batch.tokens.to(device),
-            position_ids.to(device),
-            keep.to(device),
-            lambda q, k, v: packed_causal_attention(
-                q, k, v, cu, max_length, softmax_scale=q.shape[-1] ** -0.5
-            ),
-        )
+
+def written_out_forward(model: torch.nn.Module) -> Any:
+    """The written-out forward module serving `model` (`gpt2_forward` / `llama_forward`), or None."""
+    return next((f for f in (gpt2_forward, llama_forward) if f.supports(model)), None)
+
+
+def _packed_logits(model: torch.nn.Module, batch: ResponseBatch, keep: torch.Tensor) -> torch.Tensor:
+    """Logits [R, V] at flat positions `keep` of the packed row (the LM head runs on those only).
+
+    GPT-2 and the Llama family run their written-out forward (`written_out_forward`), other models
+    HF's.
+    """
+    row = packed_row(batch, keep, _device_of(model))
+    written_out = written_out_forward(model)
+    if written_out is not None:
+        logits: torch.Tensor = written_out.packed_logits(model, *row.written_out_args())
+        return logits
     with packed_attention(model):
-        output = model(
-            input_ids=batch.tokens[None].to(device),
-            attention_mask=torch.ones(1, batch.tokens.numel(), dtype=torch.int64, device=device),
-            position_ids=position_ids[None].to(device),
-            cu_seq_lens_q=cu,
-            cu_seq_lens_k=cu,
-            max_length_q=max_length,
-            max_length_k=max_length,
-            logits_to_keep=keep.to(device),
-        )
-    logits: torch.Tensor = output.logits[0]  # [R, V]
-    return logits
+        output = model(**row.hf_inputs(), logits_to_keep=row.keep)
+    hf_logits: torch.Tensor = output.logits[0]  # [R, V]
+    return hf_logits
 
 
 def _padded_logits(
