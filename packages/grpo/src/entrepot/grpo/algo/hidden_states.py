@@ -3,8 +3,8 @@
 The same forwards as `entrepot.grpo.algo.sequences`' logits paths (packed: shared-prefix or
 varlen; padded), stopped before the LM head: the written-out forward of GPT-2 or the Llama family
 (`entrepot.grpo.embedded.gpt2_forward` / `llama_forward`, `packed_hidden`), HF's decoder stack
-otherwise. The head then runs a chunk of rows at a time. `head_weight` says which models qualify (their logits are exactly
-hidden @ W^T); the others keep the logits paths.
+otherwise. The head then runs a chunk of rows at a time. `head_weight` says which models qualify
+(their logits are exactly hidden @ W^T); the others keep the logits paths.
 
 Legend: B rows, N tokens, R response tokens, L = longest row, E hidden size, V vocab.
 """

@@ -4,10 +4,11 @@ A layer run under `torch.utils.checkpoint` (non-reentrant) keeps only its input 
 pass and recomputes its activations there: the forward of the update holds one hidden state
 [M, E] per layer instead of every attention and MLP intermediate. The written-out forwards
 (`gpt2_forward`, `llama_forward`) call `run_layer` per block; HF modules get each decoder layer's
-`forward` wrapped by `enable` (the embedded GPT-2's: those of its HF view). Both checkpoint only where it pays: with
-autograd recording (log-prob passes run under no_grad) and, for HF layers, without a KV cache
-(generation, which a recompute would extend twice). HF's own `gradient_checkpointing_enable` is not
-used: it acts only in training mode, and the policy computes in eval mode (no dropout).
+`forward` wrapped by `enable` (the embedded GPT-2's: those of its HF view). Both checkpoint only
+where it pays: with autograd recording (log-prob passes run under no_grad) and, for HF layers,
+without a KV cache (generation, which a recompute would extend twice). HF's own
+`gradient_checkpointing_enable` is not used: it acts only in training mode, and the policy computes
+in eval mode (no dropout).
 
 Legend: M tokens of the packed row, E hidden size.
 """
