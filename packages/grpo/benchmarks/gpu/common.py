@@ -31,7 +31,7 @@ H100_BF16_PEAK_FLOPS = 989.4e12
 def grpo_internals() -> dict[str, Any]:
     """The entrepot.grpo internals the benchmark uses (the only ones: fix the paths here if they move)."""
     from entrepot.grpo.algo.losses import policy_loss
-    from entrepot.grpo.engines.rollout_embedded import SamplingParams
+    from entrepot.grpo.engines.base import SamplingParams
     from entrepot.grpo.engines.rollout_hf import HFRolloutEngine
 
     return {"policy_loss": policy_loss, "HFRolloutEngine": HFRolloutEngine, "SamplingParams": SamplingParams}
