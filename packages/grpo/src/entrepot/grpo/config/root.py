@@ -75,6 +75,7 @@ class GRPOConfig:
         checks.check_truncation_mask(self.rollout, self.algorithm)
         checks.check_lora(self.model, self.engine)
         checks.check_memory_savers(self.model, self.engine)
+        checks.check_rollout_dtype(self.engine, self.rollout, self.algorithm, self.trainer)
         checks.check_async(self.trainer, self.resources, self.parallel, self.rollout, self.algorithm,
                            self.reward, self.model)  # fmt: skip
         checks.check_multiturn(self.multiturn, self.rollout, self.algorithm, self.parallel, self.data,

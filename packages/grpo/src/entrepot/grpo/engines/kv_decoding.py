@@ -125,7 +125,8 @@ class KVCacheDecoder:
     def _forward(
         self, ids: torch.Tensor, positions: torch.Tensor, cache: Cache, start: int, key_mask: torch.Tensor
     ) -> torch.Tensor:
-        """Run ids [B, Q] (positions [B, Q]) at cache slots [start, start + Q): last logits [B, V]."""
+        """Run ids [B, Q] (positions [B, Q]) at cache slots [start, start + Q): last logits float32 [B, V]
+        (an engine computing in bfloat16 upcasts them: sampling and log-probs are float32)."""
         raise NotImplementedError
 
     # -- shared --------------------------------------------------------------------------------
@@ -161,7 +162,8 @@ class KVCacheDecoder:
         """
         if params.temperature == 0 or noise is None:
             return logits.argmax(-1)
-        logits = logits / params.temperature
+        if params.temperature != 1.0:  # (dividing by 1 would copy [B, V] for nothing)
+            logits = logits / params.temperature
         if params.top_k > 0:
             kth = logits.topk(min(params.top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # [B, 1]
             logits = logits.masked_fill(logits < kth, float("-inf"))

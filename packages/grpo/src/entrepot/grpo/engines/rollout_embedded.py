@@ -37,6 +37,8 @@ class GPT2RolloutEngine(KVCacheDecoder):
         activation: the MLP activation, as HF GPT-2 names it (``activation_function``).
         lanes: threads a batch is decoded on, each taking a contiguous part of the rows
             (`entrepot.grpo.embedded.lanes`); the samples do not depend on it (see `generate`).
+        dtype: of the weights, KV cache and matmuls (``engine.rollout_dtype``); the last logits are
+            upcast to float32 for sampling and log-probs.
     """
 
     def __init__(
@@ -51,23 +53,25 @@ class GPT2RolloutEngine(KVCacheDecoder):
         layer_norm_eps: float = 1e-5,
         activation: str = "gelu_new",
         lanes: int = 1,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
         self.num_layers, self.num_heads, self.hidden = num_layers, num_heads, hidden
         self.lanes = lanes
         self.activation = gpt2_activation(activation)
         self.vocab, self.positions, self.eps = vocab, positions, layer_norm_eps
-        self.device = torch.device(device)
+        self.device, self.dtype = torch.device(device), dtype
         self.meta = gpt2_infer_meta(num_layers, hidden, vocab, positions)
         self.weights: dict[str, torch.Tensor] = {
-            name: torch.zeros(shape, dtype=dtype, device=self.device)
-            for name, (shape, dtype) in self.meta.items()
+            name: torch.zeros(shape, dtype=dtype if kind.is_floating_point else kind, device=self.device)
+            for name, (shape, kind) in self.meta.items()
         }
         self._loaded: set[str] = set()
 
     @classmethod
     def from_hf_config(
-        cls, hf_config: object, device: str | torch.device = "cpu", lanes: int = 1
-    ) -> GPT2RolloutEngine:
+        cls, hf_config: object, device: str | torch.device = "cpu", lanes: int = 1,
+        dtype: torch.dtype = torch.float32,
+    ) -> GPT2RolloutEngine:  # fmt: skip
         """An engine shaped like an HF GPT2Config (weights still to be loaded)."""
         c = hf_config
         return cls(
@@ -80,6 +84,7 @@ class GPT2RolloutEngine(KVCacheDecoder):
             activation=c.activation_function,  # type: ignore[attr-defined]
             device=device,
             lanes=lanes,
+            dtype=dtype,
         )
 
     # -- the InferenceEngine protocol ----------------------------------------------------------
@@ -120,7 +125,7 @@ class GPT2RolloutEngine(KVCacheDecoder):
         start: int,
         key_mask: torch.Tensor,
     ) -> torch.Tensor:
-        """Run tokens at cache slots [start, start + Q) and return last-position logits [B, V].
+        """Run tokens at cache slots [start, start + Q) and return last-position logits float32 [B, V].
 
         ids, positions: [B, Q]; cache: per layer (k, v) each [B, N, S, D]; key_mask: [B, S] bool.
         """
@@ -145,7 +150,7 @@ class GPT2RolloutEngine(KVCacheDecoder):
             h = self._linear(self._layer_norm(x, p + "ln_2"), p + "mlp.c_fc")
             x = x + self._linear(self.activation(h), p + "mlp.c_proj")
         x = self._layer_norm(x[:, -1], "transformer.ln_f")  # [B, H]
-        return F.linear(x, w["transformer.wte.weight"])  # tied LM head  # [B, V]
+        return F.linear(x, w["transformer.wte.weight"]).float()  # tied LM head, upcast  # [B, V]
 
     @property
     def max_positions(self) -> int:
@@ -157,7 +162,10 @@ class GPT2RolloutEngine(KVCacheDecoder):
         d = self.hidden // self.num_heads
         shape = (rows, self.num_heads, total, d)
         return [
-            (torch.zeros(shape, device=self.device), torch.zeros(shape, device=self.device))
+            (
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+            )
             for _ in range(self.num_layers)
         ]
 
@@ -169,4 +177,5 @@ class GPT2RolloutEngine(KVCacheDecoder):
 def build_embedded_engine(engine: EngineConfig, model: torch.nn.Module, lanes: int) -> GPT2RolloutEngine:
     """The embedded engine shaped like `model` (a GPT-2), decoding on `lanes` threads (the run's
     compute lanes, as the log-prob and update passes have)."""
-    return GPT2RolloutEngine.from_hf_config(model.config, device=engine.device, lanes=lanes)
+    dtype = getattr(torch, engine.rollout_dtype)  # float32 | bfloat16 (validated)
+    return GPT2RolloutEngine.from_hf_config(model.config, device=engine.device, lanes=lanes, dtype=dtype)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from entrepot.grpo.engines.base import Rollout, SamplingParams
+from entrepot.grpo.errors import GRPOConfigError
 
 if TYPE_CHECKING:
     from entrepot.grpo.config import EngineConfig
@@ -113,6 +114,16 @@ class HFRolloutEngine(_engine_base()):  # type: ignore[misc]
 
 
 def build_hf_engine(engine: EngineConfig, model: torch.nn.Module, copy_module: bool) -> HFRolloutEngine:
-    """HF `generate` over `model` (a copy of it when the trainer keeps training the original)."""
+    """HF `generate` over `model` (a copy of it when the trainer keeps training the original).
+
+    Raises:
+        GRPOConfigError: ``engine.rollout_dtype`` is not float32 (HF generate runs the policy's dtype).
+    """
+    if engine.rollout_dtype != "float32":
+        raise GRPOConfigError(
+            f"engine.rollout_dtype={engine.rollout_dtype!r}: the HF generate fallback for "
+            f"{type(model).__name__} runs the policy's float32 weights; a bfloat16 rollout copy is built "
+            "for Llama / Qwen2 / Qwen3 and GPT-2 only (set engine.rollout_dtype: float32)"
+        )
     module = copy.deepcopy(model) if copy_module else model
     return HFRolloutEngine(module.requires_grad_(False).eval().to(engine.device))

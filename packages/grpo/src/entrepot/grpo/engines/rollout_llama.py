@@ -19,6 +19,10 @@ Two ways to hold the weights:
   matrices (one matmul each per layer); `load_weights` copies into it. Used with LoRA (merged
   weights), offloaded training parameters, megatron's resharded weights and the asynchronous
   rollout worker's received ones.
+* **A bfloat16 copy** (``engine.rollout_dtype: bfloat16``): the copy above in bfloat16, weights,
+  KV cache and matmuls (half the bytes each decode step reads); `load_weights` rounds the policy's
+  float32 weights into it on every infer-mode switch. The last logits are upcast to float32, so
+  sampling and the sampled tokens' log-probs are float32 maths over the bfloat16 model's logits.
 
 Shape legend: B sequences, Q tokens per row of one forward, S cached positions, E hidden, H query
 heads, K key/value heads, D head dim, V vocab.
@@ -131,9 +135,13 @@ class LlamaRolloutEngine(KVCacheDecoder):
         device: where weights and caches live (`read`: the module's device).
         lanes: threads a batch is decoded on (`entrepot.grpo.embedded.lanes`); the samples do not
             depend on it.
+        dtype: the copy's dtype (None: `model`'s; `read` takes `model`'s).
     """
 
-    def __init__(self, model: torch.nn.Module, *, read: bool, device: str | torch.device, lanes: int) -> None:
+    def __init__(
+        self, model: torch.nn.Module, *, read: bool, device: str | torch.device, lanes: int,
+        dtype: torch.dtype | None = None,
+    ) -> None:  # fmt: skip
         lm: Any = model
         self.dims = dims = LlamaDims.of(model)
         self.architecture = hf_architecture(model)
@@ -146,7 +154,7 @@ class LlamaRolloutEngine(KVCacheDecoder):
                 "use engine.rollout: vllm"
             )
         self.vocab, self.lanes, self.reads_policy = dims.vocab, lanes, read
-        self.dtype = lm.model.embed_tokens.weight.dtype
+        self.dtype = lm.model.embed_tokens.weight.dtype if read or dtype is None else dtype
         if read:
             self.device = lm.model.embed_tokens.weight.device
             self._storage: dict[str, torch.Tensor] = dict(model.named_parameters())
@@ -165,10 +173,12 @@ class LlamaRolloutEngine(KVCacheDecoder):
 
     @classmethod
     def of(
-        cls, model: torch.nn.Module, device: str | torch.device = "cpu", lanes: int = 1
-    ) -> LlamaRolloutEngine:
-        """An engine shaped like `model` with weights of its own (zeros until `load_weights`)."""
-        return cls(model, read=False, device=device, lanes=lanes)
+        cls, model: torch.nn.Module, device: str | torch.device = "cpu", lanes: int = 1,
+        dtype: torch.dtype | None = None,
+    ) -> LlamaRolloutEngine:  # fmt: skip
+        """An engine shaped like `model` with weights of its own in `dtype` (None: `model`'s; zeros
+        until `load_weights`, which casts what it loads)."""
+        return cls(model, read=False, device=device, lanes=lanes, dtype=dtype)
 
     @classmethod
     def reading(cls, model: torch.nn.Module, lanes: int = 1) -> LlamaRolloutEngine:
@@ -196,6 +206,7 @@ class LlamaRolloutEngine(KVCacheDecoder):
     def description(self) -> str:
         """What the start-up line says of this engine."""
         how = "reading the policy's weights" if self.reads_policy else "own weights"
+        how += "" if self.dtype == torch.float32 else f", {str(self.dtype).removeprefix('torch.')}"
         return f"llama kv-cache ({self.architecture}, {how})"
 
     # -- the InferenceEngine protocol ----------------------------------------------------------
@@ -256,7 +267,8 @@ class LlamaRolloutEngine(KVCacheDecoder):
     def _forward(
         self, ids: torch.Tensor, positions: torch.Tensor, cache: Cache, start: int, key_mask: torch.Tensor
     ) -> torch.Tensor:
-        """Run ids [B, Q] (positions [B, Q]) at cache slots [start, start + Q): last logits [B, V]."""
+        """Run ids [B, Q] (positions [B, Q]) at cache slots [start, start + Q): last logits float32 [B, V]
+        (computed in the engine's dtype, then upcast)."""
         d = self.dims
         b, q = ids.shape
         end = start + q
@@ -268,7 +280,7 @@ class LlamaRolloutEngine(KVCacheDecoder):
             attend = partial(_cached_attention, k_cache, v_cache, mask, b, start)
             x = decoder_layer(x, layer, d, cos, sin, attend)
         last = x.view(b, q, d.hidden)[:, -1]  # [B, E]
-        return F.linear(F.rms_norm(last, (d.hidden,), self._norm, d.eps), self._head)  # [B, V]
+        return F.linear(F.rms_norm(last, (d.hidden,), self._norm, d.eps), self._head).float()  # [B, V]
 
 
 def _cached_attention(
@@ -281,11 +293,38 @@ def _cached_attention(
     end = start + steps
     k_cache[:, :, start:end] = k.view(rows, steps, -1, dim).transpose(1, 2)
     v_cache[:, :, start:end] = v.view(rows, steps, -1, dim).transpose(1, 2)
+    if q.dtype != torch.float32:
+        return _grouped_attention(
+            k_cache[:, :, :end], v_cache[:, :, :end], mask, q.view(rows, steps, heads, dim)
+        )
     out = F.scaled_dot_product_attention(
         q.view(rows, steps, heads, dim).transpose(1, 2), k_cache[:, :, :end], v_cache[:, :, :end],
         attn_mask=mask, enable_gqa=heads != k.shape[1],
     )  # fmt: skip  # [B, H, Q, D]
     return out.transpose(1, 2).reshape(n, heads, dim)
+
+
+def _grouped_attention(
+    keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, q: torch.Tensor
+) -> torch.Tensor:
+    """Low-precision attention: q [B, Q, H, D] over keys / values [B, K, S', D] -> [B * Q, H, D].
+
+    torch's CPU `scaled_dot_product_attention` is about 10x slower in bfloat16 than two batched
+    matmuls with each key/value head's G = H / K query heads stacked as rows (no repeated keys);
+    the scores are upcast and softmaxed in float32 (as HF's eager attention), masked with the
+    float32 minimum rather than -inf so that a query with no key (a padding position) stays finite.
+    """
+    b, steps, heads, dim = q.shape
+    kv = keys.shape[1]
+    group = heads // kv
+    rows = q.view(b, steps, kv, group, dim).permute(0, 2, 3, 1, 4).reshape(b, kv, group * steps, dim)
+    scores = torch.matmul(rows, keys.transpose(-1, -2)).float().mul_(dim**-0.5)  # [B, K, G * Q, S']
+    scores = scores.view(b, kv, group, steps, -1).masked_fill_(
+        ~mask[:, :, None], torch.finfo(torch.float32).min
+    )
+    probs = scores.softmax(-1).to(q.dtype).view(b, kv, group * steps, -1)
+    out = torch.matmul(probs, values).view(b, kv, group, steps, dim)  # [B, K, G, Q, D]
+    return out.permute(0, 3, 1, 2, 4).reshape(b * steps, heads, dim)
 
 
 def can_read_policy(config: GRPOConfig, model: torch.nn.Module) -> bool:
@@ -306,7 +345,10 @@ def build_llama_engine(
     """The engine for `model` and the layout it takes (`LocalResharder`'s target, or "policy").
 
     `trained_here`: this process keeps training `model` (so the engine may read its parameters).
+    With ``engine.rollout_dtype`` other than the policy's dtype the engine keeps a copy in that dtype.
     """
-    if trained_here and can_read_policy(config, model):
+    dtype = getattr(torch, config.engine.rollout_dtype)  # float32 | bfloat16 (validated)
+    same_dtype = next(model.parameters()).dtype == dtype
+    if trained_here and same_dtype and can_read_policy(config, model):
         return LlamaRolloutEngine.reading(model, lanes), "policy"
-    return LlamaRolloutEngine.of(model, config.engine.device, lanes), "hf"
+    return LlamaRolloutEngine.of(model, config.engine.device, lanes, dtype=dtype), "hf"

@@ -16,9 +16,10 @@ FLOAT32_BYTES = 4
 
 def rollout_kv_cache(
     data: DataConfig, rollout: RolloutConfig, evaluation: EvalConfig, hf_config: Any, kind: RolloutKind,
-    num_ranks: int, multiturn: MultiTurnConfig,
+    num_ranks: int, multiturn: MultiTurnConfig, value_bytes: int = FLOAT32_BYTES,
 ) -> tuple[int, str]:  # fmt: skip
-    """The rollout engine's largest KV cache and how it was sized."""
+    """The rollout engine's largest KV cache and how it was sized; `value_bytes`: per cached value of
+    the torch engines (2 with ``engine.rollout_dtype: bfloat16``)."""
     from entrepot.resharding.adaptors import ModelDims
 
     tokens = longest_sequence(data, rollout, multiturn)
@@ -33,11 +34,11 @@ def rollout_kv_cache(
     seqs = max(rows, evaluation.num_prompts)
     dims = ModelDims.from_config(hf_config)
     heads = dims.num_heads if kind == "gpt2" else dims.num_kv_heads  # the embedded engine caches every head
-    per_token = 2 * dims.num_layers * heads * dims.head_dim * FLOAT32_BYTES
+    per_token = 2 * dims.num_layers * heads * dims.head_dim * value_bytes
     engine = {"gpt2": "embedded GPT-2 engine", "llama": "Llama-family KV-cache engine"}.get(
         kind, "HF generate"
     )
     return per_token * seqs * tokens, (
         f"{engine}: {seqs} sequences x {tokens} tokens (prompt + response) x {dims.num_layers} layers "
-        f"x K and V x {heads} heads x {dims.head_dim}"
+        f"x K and V x {heads} heads x {dims.head_dim} x {value_bytes} bytes"
     )

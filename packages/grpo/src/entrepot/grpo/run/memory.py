@@ -6,7 +6,7 @@ device (shapes, no storage), so the parameter count is exact, the training shard
 one the resharding adaptor cuts for `parallel.train`'s TP / PP, and the copy the train -> rollout
 resharding allocates is found the way `ShardingManager` finds it (storages that alias no parameter).
 Every engine here computes in float32: 4 bytes a value (`model.reference_dtype: bfloat16` halves the
-reference).
+reference, `engine.rollout_dtype: bfloat16` the torch rollout engine's own weights and KV cache).
 
 The peak is that of the train -> rollout switch (`ShardingManager.enter_infer_mode`) and of the
 generation that follows, taken at its three fullest moments (per rank, on the rank's device):
@@ -65,7 +65,7 @@ ADAM_MOMENTS = 2  # AdamW keeps exp_avg and exp_avg_sq per trained value (torch 
 # RSS of a CPU worker before its model: Python, torch, transformers, entrepot, the tokenizer (measured
 # at about 350 MiB with SmolLM2's tokenizer; 400 MiB leaves room for the dock and the reward worker)
 CPU_RUNTIME_BYTES = 400 * 2**20
-_REFERENCE_BYTES = {"float32": 4, "bfloat16": 2}  # per value, model.reference_dtype
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2}  # per value, model.reference_dtype / engine.rollout_dtype
 
 
 @dataclass(frozen=True)
@@ -169,16 +169,19 @@ def estimate_memory(config: GRPOConfig) -> MemoryEstimate:
     sharded = engines.train.shards_weights  # TP / PP shards, a bucketed Resharder with its scratch
     params = _nbytes(_rank_shard(train, sharded, adaptor, train_state).values())
     # the Llama-family engine reads a torch policy's own parameters (`rollout_llama.can_read_policy`)
+    # (in its dtype: a bfloat16 rollout keeps a copy of its own, as the embedded GPT-2 engine does)
+    rollout_bytes = _DTYPE_BYTES[config.engine.rollout_dtype] if kind in ("gpt2", "llama") else FLOAT32_BYTES
     reads_policy = kind == "llama" and not (
-        sharded or config.model.lora.enabled or config.engine.offload_params
+        sharded or config.model.lora.enabled or config.engine.offload_params or rollout_bytes != FLOAT32_BYTES
     )
     copy, aliases = (
         (0, True)
         if reads_policy
         else _resharded_copy(sharded, adaptor, train_state, kind, model.parameters())
     )
+    sections = (config.data, config.rollout, config.eval)
     kv_cache, basis = rollout_kv_cache(
-        config.data, config.rollout, config.eval, model.config, kind, num_ranks, config.multiturn
+        *sections, model.config, kind, num_ranks, config.multiturn, rollout_bytes
     )
     if sharded:
         working = UpdateWorkingSet(0, 0, "megatron's activations are not counted")
@@ -186,7 +189,7 @@ def estimate_memory(config: GRPOConfig) -> MemoryEstimate:
         working = update_working_set(config, model.config, type(model).__name__, num_ranks)
     reference = params if config.algorithm.kl_coef > 0 and config.resources.colocate else 0
     if not sharded:  # the torch engine casts its reference to model.reference_dtype
-        reference = reference * _REFERENCE_BYTES[config.model.reference_dtype] // FLOAT32_BYTES
+        reference = reference * _DTYPE_BYTES[config.model.reference_dtype] // FLOAT32_BYTES
     estimate = MemoryEstimate(
         num_params=sum(p.numel() for p in model.parameters()),
         num_ranks=num_ranks,
@@ -198,7 +201,9 @@ def estimate_memory(config: GRPOConfig) -> MemoryEstimate:
         reward_models=_reward_model_bytes(config.reward) if config.resources.colocate else 0,
         rollout_weights=0
         if reads_policy
-        else _rollout_weights(config.parallel.infer.tensor, adaptor, train_state, kind),
+        else _rollout_weights(config.parallel.infer.tensor, adaptor, train_state, kind)
+        * rollout_bytes
+        // FLOAT32_BYTES,
         resharded_copy=copy,
         reshard_scratch=config.engine.reshard_bucket_mb * 2**20 if sharded else 0,
         kv_cache=kv_cache,
