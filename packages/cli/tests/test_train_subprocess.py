@@ -131,7 +131,8 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_continues(tmp_path: Path) -> None:
             if metrics and len(metrics[0].read_text().splitlines()) >= 1:
                 break
             time.sleep(0.5)
-        assert process.poll() is None, "training ended before it could be interrupted"
+        if process.poll() is not None:  # say why: its output
+            raise AssertionError(f"training ended before it could be interrupted:\n{process.communicate()[0]}")
         os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
         output, _ = process.communicate(timeout=120)
     finally:
