@@ -288,15 +288,21 @@ def _reward_funcs(verifiers: Sequence[str]) -> list[Callable[..., list[float]]]:
     return [make(name) for name in verifiers]
 
 
-def trl_child(spec_path: Path) -> None:
-    """Train with TRL's GRPOTrainer as `spec_path` says; events go, one JSON line each, to spec['events']."""
+TrainTRL = Callable[[dict[str, Any], Callable[..., None]], None]
+
+
+def trl_child(spec_path: Path, train: TrainTRL | None = None) -> None:
+    """Train with TRL's GRPOTrainer as `spec_path` says; events go, one JSON line each, to spec['events'].
+
+    `train(spec, emit)` trains (default: this module's `_train_trl`, on the synthetic tasks).
+    """
     spec = json.loads(spec_path.read_text())
     with Path(spec["events"]).open("a", buffering=1) as events:
 
         def emit(**record: Any) -> None:
             events.write(json.dumps({**record, "wall": time.time()}) + "\n")
 
-        _train_trl(spec, emit)
+        (train or _train_trl)(spec, emit)
 
 
 def _train_trl(spec: dict[str, Any], emit: Callable[..., None]) -> None:

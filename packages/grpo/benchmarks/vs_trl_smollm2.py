@@ -169,14 +169,8 @@ def held_out_set(config: GRPOConfig, tokenizer: Any) -> Any:
 
 
 def trl_child(spec_path: Path) -> None:
-    """Train with TRL's GRPOTrainer as `spec_path` says; events go, one JSON line each, to spec['events']."""
-    spec = json.loads(spec_path.read_text())
-    with Path(spec["events"]).open("a", buffering=1) as events:
-
-        def emit(**record: Any) -> None:
-            events.write(json.dumps({**record, "wall": time.time()}) + "\n")
-
-        _train_trl(spec, emit)
+    """Train with TRL's GRPOTrainer as `spec_path` says (`vs_trl.trl_child` with this task's training)."""
+    vs_trl.trl_child(spec_path, _train_trl)
 
 
 def _train_trl(spec: dict[str, Any], emit: Callable[..., None]) -> None:
