@@ -132,7 +132,8 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_continues(tmp_path: Path) -> None:
                 break
             time.sleep(0.5)
         if process.poll() is not None:  # say why: its output
-            raise AssertionError(f"training ended before it could be interrupted:\n{process.communicate()[0]}")
+            early = process.communicate()[0]
+            raise AssertionError(f"training ended before it could be interrupted:\n{early}")
         os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
         output, _ = process.communicate(timeout=120)
     finally:
