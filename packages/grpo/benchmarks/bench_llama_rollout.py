@@ -1,12 +1,13 @@
 """The Llama-family KV-cache rollout engine against HF `generate`, on SmolLM2-135M-Instruct.
 
 The same batch for both (a GRPO rollout: 4 chat-templated word problems x 8 samples, 64 new tokens,
-temperature 1, stop on EOS, fp32, 2 threads: HF `generate` on 2 intra-op threads, the engine on two
-decoding lanes of one thread each, as a run's actor uses them). A third row is the engine's
-bfloat16 copy (`engine.rollout_dtype: bfloat16`: bf16 weights, KV cache and matmuls, float32 logits ->
-log-probs). Prints tokens/s of each, the ratios, and the machine load. Before timing, a check: greedy
-tokens on the 4 prompts equal HF `generate`'s and the engine's log-probs agree with HF's logits; the
-bf16 copy's greedy tokens and log-probs against the float32 engine's (agreement, not equality).
+temperature 1 (or `--temperature`, `--top-p`: smollm2-arith.yaml's 0.7 / 0.9), stop on EOS, fp32, 2
+threads: HF `generate` on 2 intra-op threads, the engine on two decoding lanes of one thread each,
+as a run's actor uses them). A third row is the engine's bfloat16 copy (`engine.rollout_dtype:
+bfloat16`: bf16 weights, KV cache and matmuls, float32 logits -> log-probs). Prints tokens/s of each,
+the ratios, and the machine load. Before timing, a check: greedy tokens on the 4 prompts equal HF
+`generate`'s and the engine's log-probs agree with HF's logits; the bf16 copy's greedy tokens and
+log-probs against the float32 engine's (agreement, not equality).
 
     python packages/grpo/benchmarks/bench_llama_rollout.py [--model models/smollm2] [--repeats 3]
 
@@ -103,6 +104,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--lanes", type=int, default=2, help="the engine's decoding lanes (1 thread each)")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-p", type=float, default=1.0, help="smollm2-arith.yaml samples at 0.7 / 0.9")
     args, _ = parser.parse_known_args()  # bench-grpo hands every script the same arguments
     with tempfile.TemporaryDirectory() as scratch:
         if args.model is None:
@@ -124,7 +127,8 @@ def run(args: argparse.Namespace) -> None:
     bf16.load_weights(dict(model.state_dict()))  # what the infer-mode switch hands it
     _check_bf16(_check(hf, ours, prompts, eos, pad), bf16, prompts, eos, pad)
     batch = [p for p in prompts for _ in range(args.samples)]
-    params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, stop_token_ids=(eos,))
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.new_tokens,
+                            stop_token_ids=(eos,))  # fmt: skip
     results: dict[str, list[float]] = {"HF generate": [], "llama kv-cache": [], "llama kv-cache bf16": []}
     for repeat in range(args.repeats + 1):  # the first round warms up; rounds interleave the engines
         torch.set_num_threads(2)
@@ -136,7 +140,8 @@ def run(args: argparse.Namespace) -> None:
             results["HF generate"].append(hf_tokens / hf_s)
             results["llama kv-cache"].append(our_tokens / our_s)
             results["llama kv-cache bf16"].append(bf16_tokens / bf16_s)
-    print(f"{len(prompts)} prompts x {args.samples} samples, {args.new_tokens} new tokens, fp32 "
+    print(f"{len(prompts)} prompts x {args.samples} samples, {args.new_tokens} new tokens, temperature "
+          f"{args.temperature}, top-p {args.top_p}, fp32 "
           f"(bf16 row: bf16 copy), 2 threads, median of {args.repeats}")  # fmt: skip
     base = statistics.median(results["HF generate"])
     for name, rates in results.items():

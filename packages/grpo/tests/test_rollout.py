@@ -123,9 +123,9 @@ def test_gumbel_sampling_draws_the_softmax_distribution() -> None:
     logits = torch.tensor([2.0, 1.0, 0.0, -1.0] + [-30.0] * (engine.vocab - 4))
     params = SamplingParams(temperature=0.7, max_new_tokens=1)
     rows = 40_000
-    noise = engine._gumbel_noise(rows, 1, params, torch.Generator().manual_seed(0))
+    noise = engine.sampler.draw(rows, 1, engine.vocab, params, torch.Generator().manual_seed(0))
     assert noise is not None
-    tokens = engine._sample(logits.expand(rows, -1), params, noise[0])
+    tokens = engine.sampler.sample(logits.expand(rows, -1), params, noise[0])
     observed = torch.bincount(tokens, minlength=engine.vocab).double() / rows
     expected = (logits / 0.7).softmax(-1).double()
     # within 4 standard errors of a multinomial proportion, for every token
@@ -149,9 +149,9 @@ def test_the_noise_gives_the_samples_torch_multinomial_drew() -> None:
     _, engine = _model_and_engine()
     params = SamplingParams(max_new_tokens=3)
     logits = torch.randn(3, 16, engine.vocab, generator=torch.Generator().manual_seed(1))
-    noise = engine._gumbel_noise(16, 3, params, torch.Generator().manual_seed(7))
+    noise = engine.sampler.draw(16, 3, engine.vocab, params, torch.Generator().manual_seed(7))
     assert noise is not None
-    ours = torch.stack([engine._sample(logits[t], params, noise[t]) for t in range(3)])
+    ours = torch.stack([engine.sampler.sample(logits[t], params, noise[t]) for t in range(3)])
     gen = torch.Generator().manual_seed(7)
     theirs = torch.stack(
         [torch.multinomial(logits[t].softmax(-1), 1, generator=gen).squeeze(-1) for t in range(3)]

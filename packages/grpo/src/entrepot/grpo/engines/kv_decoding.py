@@ -1,11 +1,12 @@
-"""What every KV-cache rollout engine of ours shares: left padding, prefix dedup, lanes, Gumbel sampling.
+"""What every KV-cache rollout engine of ours shares: left padding, prefix dedup, lanes, sampling draws.
 
 `KVCacheDecoder` is the base of the embedded GPT-2 engine (`rollout_embedded`) and the Llama-family
 engine (`rollout_llama`). A subclass says how to run tokens through its model (`_forward`), how big
 its cache is (`_new_cache`) and how many positions it can place (`max_positions`); this class
 samples: prompts left-padded into lock-step rows, each distinct prompt prefilled once and copied to
-its GRPO group's rows, rows split over decoding lanes, each step's token drawn with the Gumbel-max
-trick from noise drawn before decoding (so lanes do not change the samples).
+its GRPO group's rows, rows split over decoding lanes, each step's token drawn by the engine's
+`sampler` (`engines.token_sampling`) from randomness drawn before decoding (so lanes do not change
+the samples).
 
 Shape legend: B = sequences, S = cached positions, V = vocab, Q = tokens of one forward.
 """
@@ -19,6 +20,7 @@ import torch
 
 from entrepot.grpo.embedded.lanes import run_lanes
 from entrepot.grpo.engines.base import Rollout, SamplingParams
+from entrepot.grpo.engines.token_sampling import GumbelSampler, TokenSampler
 
 __all__ = [
     "NOISE_BYTES",
@@ -35,8 +37,8 @@ __all__ = [
 Cache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), rows first
 NamedTensors = Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]
 
-# Most bytes of sampling noise drawn before decoding, so that lanes can split a batch (the default
-# model's batch needs 0.13 MB; a 50k vocabulary at 256 rows x 512 tokens would need 26 GB).
+# Most bytes of sampling draws made before decoding, so that lanes can split a batch (Gumbel noise for
+# the default model's batch is 0.13 MB; at a 50k vocabulary, 256 rows x 512 tokens would be 26 GB).
 NOISE_BYTES = 64 * 2**20
 
 
@@ -105,6 +107,7 @@ class KVCacheDecoder:
 
     readable_weights = True
     tensor_parallel = 1
+    sampler: TokenSampler = GumbelSampler()  # how each step's token is drawn (`engines.token_sampling`)
     vocab: int
     device: torch.device
     lanes: int
@@ -153,42 +156,6 @@ class KVCacheDecoder:
         rows = torch.tensor(inverse, device=ids.device)
         return logits[rows], [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in cache]
 
-    @staticmethod
-    def _sample(logits: torch.Tensor, params: SamplingParams, noise: torch.Tensor | None) -> torch.Tensor:
-        """Next token per row from logits [B, V] -> [B]; `noise` [B, V] is Gumbel noise (None: greedy).
-
-        The Gumbel-max trick: argmax(logits / T + g) with g = -log(E), E ~ Exp(1), is a sample of
-        softmax(logits / T), as `torch.multinomial` draws one, from noise drawn before decoding.
-        """
-        if params.temperature == 0 or noise is None:
-            return logits.argmax(-1)
-        if params.temperature != 1.0:  # (dividing by 1 would copy [B, V] for nothing)
-            logits = logits / params.temperature
-        if params.top_k > 0:
-            kth = logits.topk(min(params.top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # [B, 1]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        if params.top_p < 1.0:
-            sorted_logits, order = logits.sort(dim=-1, descending=True)  # [B, V]
-            probs = sorted_logits.softmax(-1)
-            drop = probs.cumsum(-1) - probs > params.top_p  # keep the smallest prefix reaching top_p
-            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-            logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-        return (logits.float() + noise).argmax(-1)
-
-    def _gumbel_noise(
-        self, rows: int, steps: int, params: SamplingParams, generator: torch.Generator | None
-    ) -> torch.Tensor | None:
-        """Gumbel noise [steps, B, V] drawn in one call on the generator's device (None when greedy).
-
-        `torch.multinomial` samples as argmax(p / E), E ~ Exp(1) [B, V], one block per step: drawn
-        time-major, these are its draws, so a seed gives the samples it gave.
-        """
-        if params.temperature == 0:
-            return None
-        device = generator.device if generator is not None else torch.device("cpu")
-        exponential = torch.empty(steps, rows, self.vocab, device=device).exponential_(generator=generator)
-        return exponential.clamp_min_(torch.finfo(exponential.dtype).tiny).log_().neg_().to(self.device)
-
     @torch.no_grad()
     def generate(
         self,
@@ -203,8 +170,8 @@ class KVCacheDecoder:
         the trainer's log-probs are of).
 
         Prompts are left-padded so that every row decodes in lock-step; position ids skip padding.
-        With `lanes` > 1, contiguous parts of the rows decode on that many threads. The sampling noise
-        is drawn for the whole batch, time-major, a window of steps at a time (at most `NOISE_BYTES`;
+        With `lanes` > 1, contiguous parts of the rows decode on that many threads. The sampler's draws
+        are made for the whole batch, time-major, a window of steps at a time (at most `NOISE_BYTES`;
         every step at once for a small vocabulary), and each lane reads its rows' share of it, so the
         samples do not depend on the split; the lanes meet between windows.
         """
@@ -218,10 +185,11 @@ class KVCacheDecoder:
         lanes = max(1, min(self.lanes, b))
         bounds = list(itertools.pairwise([b * lane // lanes for lane in range(lanes + 1)]))
         decodes = run_lanes(lambda part: _Decode(self, prompts[slice(*part)], params, pad_token_id), bounds)
-        window = max(1, NOISE_BYTES // max(1, b * self.vocab * 4))
+        window = max(1, NOISE_BYTES // max(1, b * self.sampler.draw_bytes(self.vocab)))
         for t0 in range(0, steps, window):
             t1 = min(steps, t0 + window)
-            noise = self._gumbel_noise(b, t1 - t0, params, generator)  # [t1 - t0, B, V] or None
+            noise = self.sampler.draw(b, t1 - t0, self.vocab, params, generator)  # [t1 - t0, B, ...]
+            noise = None if noise is None else noise.to(self.device)
             shares = [None if noise is None else noise[:, slice(*part)] for part in bounds]
             work = [(d, share, t0, t1) for d, share in zip(decodes, shares, strict=True)]
             run_lanes(lambda job: job[0].advance(*job[1:]), work)
@@ -262,12 +230,13 @@ class _Decode:
         self.finished = False
 
     def advance(self, noise: torch.Tensor | None, t0: int, t1: int) -> None:
-        """Decode steps [t0, t1); `noise` [t1 - t0, B, V] is their Gumbel noise (None: greedy)."""
+        """Decode steps [t0, t1); `noise` [t1 - t0, B, ...] is their sampler's draws (None: greedy)."""
         engine, params, last = self.engine, self.params, self.params.max_new_tokens - 1
         for t in range(t0, t1):
             if self.finished:
                 return
-            token = engine._sample(self.logits, params, None if noise is None else noise[t - t0])  # [B]
+            draw = None if noise is None else noise[t - t0]
+            token = engine.sampler.sample(self.logits, params, draw)  # [B]
             token = torch.where(self.done, torch.full_like(token, self.pad), token)
             self.out[:, t] = token
             self.out_logp[:, t] = self.logits.float().log_softmax(-1).gather(1, token[:, None]).squeeze(1)
