@@ -52,7 +52,8 @@ class EvalResult:
 
 def prepare(
     path: str | Path, *, step: int | None = None, data: str | Path | None = None,
-    num_prompts: int | None = None, samples: int = 1, ks: Sequence[int] = (), temperature: float | None = None,
+    num_prompts: int | None = None, samples: int = 1, ks: Sequence[int] = (),
+    temperature: float | None = None,
     seed: int | None = None, engine: str | None = None, config_file: str | Path | None = None,
     out_dir: str | Path | None = None,
 ) -> EvalPlan:  # fmt: skip

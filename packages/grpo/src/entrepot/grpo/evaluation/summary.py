@@ -45,10 +45,10 @@ def summarize(records: Sequence[EvalRecord], num_samples: int, ks: Sequence[int]
         correct[r.prompt_index] += int(r.correct)
     prompts = sorted({r.prompt_index for r in records})
     per_prompt = [correct[i] for i in prompts]
-    reward = torch.tensor([r.reward for r in records], dtype=torch.float64)
+    reward = torch.tensor([r.reward for r in records])  # float32, as the in-run evaluation's mean
     lengths = torch.tensor([r.response_length for r in records], dtype=torch.float64)
     out = {
-        "accuracy": sum(r.correct for r in records) / len(records),
+        "accuracy": float(torch.tensor([float(r.correct) for r in records]).mean()),
         **{f"pass@{k}": mean_pass_at_k(per_prompt, num_samples, k) for k in ks},
         "reward_mean": float(reward.mean()),
         "reward_std": float(reward.std()) if len(records) > 1 else 0.0,
