@@ -72,7 +72,7 @@ def test_tracker_flags_keeps_the_first_step_and_survives_its_state() -> None:
 def test_audit_section_errors_name_the_key() -> None:
     with pytest.raises(GRPOConfigError, match=r"^audit\.length_growth \(0\.9\) must be > 1"):
         config_from_dict({"audit": {"length_growth": 0.9}})
-    with pytest.raises(GRPOConfigError, match="audit.nope"):
+    with pytest.raises(GRPOConfigError, match=r"audit\.nope"):
         config_from_dict({"audit": {"nope": 1}})
     assert config_from_dict({"audit": {"enabled": False}}).audit.enabled is False
 

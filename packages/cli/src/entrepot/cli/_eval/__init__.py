@@ -1,4 +1,4 @@
-"""`rl eval`: evaluate a checkpoint or model directory (`command`); compare evaluations (`compare`, `plot`)."""
+"""`rl eval`: evaluate a checkpoint or model directory (`command`); compare them (`compare`, `plot`)."""
 
 from __future__ import annotations
 

@@ -118,10 +118,17 @@ def print_comparison(console: Console, comparison: Comparison) -> None:
     for row in comparison.rows:
         m = row.metrics
         diff = "-" if row.diff is None else f"{row.diff:+.4f}"
-        se = "-" if row.stderr is None else f"{row.stderr:.4f} ({'paired' if row.paired else 'unpaired'})"
+        se = "-" if row.stderr is None else f"{row.stderr:.4f}"
         table.add_row(
             row.label, f"{m['prompts']:g}", f"{m['accuracy']:.4f}",
-            *(f"{m.get(k, float('nan')):.4f}" for k in comparison.pass_keys),
+            *(f"{m[k]:.4f}" if k in m else "-" for k in comparison.pass_keys),
             f"{m['reward_mean']:.4f}", f"{m['response_length']:.2f}", diff, se,
         )  # fmt: skip
     console.print(table)
+    first = comparison.rows[0]
+    for row in comparison.rows[1:]:  # one line each, never wrapped: the difference and how it was paired
+        console.print(
+            f"{row.label} - {first.label}: accuracy {row.diff:+.4f} +- {row.stderr:.4f} "
+            f"({'paired: same prompts' if row.paired else 'unpaired: other prompts'})",
+            soft_wrap=True,
+        )

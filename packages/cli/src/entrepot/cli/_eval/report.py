@@ -15,8 +15,8 @@ def print_result(console: Console, plan: Any, result: Any) -> None:
     """One table of the figures (pass@k, reward, lengths, end reasons), the audit's flags, the files."""
     target, settings = plan.target, plan.settings
     what = f"step {target.step}" if target.step is not None else str(target.model_dir)
-    how = "greedy" if settings.temperature == 0 else (
-        f"{settings.num_samples} samples, temperature {settings.temperature:g}, seed {settings.seed}")  # fmt: skip
+    sampled = f"{settings.num_samples} samples, temperature {settings.temperature:g}, seed {settings.seed}"
+    how = "greedy" if settings.temperature == 0 else sampled
     # on its own line, never wrapped by rich: the path stays whole (and copyable) on any width
     console.print(f"evaluated: {escape(str(target.checkpoint or target.model_dir))}", soft_wrap=True)
     table = Table(title=f"evaluation of {escape(what)} ({how}, {plan.data.source})", show_header=False)
