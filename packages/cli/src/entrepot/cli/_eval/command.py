@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -20,7 +19,7 @@ from entrepot.cli._errors import user_errors
 class _RunByDefault(TyperGroup):
     """``rl eval PATH ...`` runs ``rl eval run PATH ...``; ``rl eval compare ...`` and ``--help`` stay."""
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:  # typer's own click Context
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
             args = ["run", *args]
         return super().parse_args(ctx, args)
