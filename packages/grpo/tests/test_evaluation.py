@@ -38,10 +38,13 @@ def test_k_above_the_samples_and_greedy_with_samples_are_refused() -> None:
 def test_format_explained_is_one_for_a_format_paying_reward_and_low_for_partial_credit() -> None:
     formatted = [True, True, True, False, False, False]
     correct = [False] * 6
-    assert format_explained([1, 1, 1, 0, 0, 0], correct, formatted, 0.1) == 1.0
-    honest = format_explained([0.25, 0.5, 0.125, 0.0, 0.375, 0.125], correct, formatted, 0.1)
+    assert format_explained([1, 1, 1, 0, 0, 0], correct, formatted, 0.1, min_rows=3) == 1.0
+    honest = format_explained([0.25, 0.5, 0.125, 0.0, 0.375, 0.125], correct, formatted, 0.1, min_rows=3)
     assert honest is not None and honest < 0.3
-    assert format_explained([1, 1, 1, 1, 1, 1], correct, [True] * 6, 0.1) is None  # one side empty
+    assert (
+        format_explained([1, 1, 1, 1, 1, 1], correct, [True] * 6, 0.1, min_rows=3) is None
+    )  # one side empty
+    assert format_explained([1, 1, 1, 0, 0, 0], correct, formatted, 0.1) is None  # under 8 rows a side
     assert answer_shape(" 12345678", "87654321") == 1.0 and answer_shape("1234", "87654321") == 0.0
 
 
@@ -56,7 +59,7 @@ def test_detectors_read_their_thresholds() -> None:
 
 
 def test_tracker_flags_keeps_the_first_step_and_survives_its_state() -> None:
-    tracker = AuditTracker(AuditConfig(), "reverse")
+    tracker = AuditTracker(AuditConfig(format_min_rows=2), "reverse")
     rows: dict[str, Any] = {
         "reward": [1, 1, 0, 0],
         "correct": [False] * 4,

@@ -34,13 +34,17 @@ def format_check(task: str, name: str | None) -> Callable[[str, str], float]:
 
 
 def format_explained(
-    reward: Sequence[float], correct: Sequence[bool], formatted: Sequence[bool], min_share: float
+    reward: Sequence[float],
+    correct: Sequence[bool],
+    formatted: Sequence[bool],
+    min_share: float,
+    min_rows: int = 8,
 ) -> float | None:
     """Eta squared of `reward` on `formatted` over the wrong responses; None when either side holds less
-    than `min_share` of them (or fewer than 2) or their reward does not vary."""
+    than `min_share` of them or fewer than `min_rows`, or their reward does not vary."""
     wrong = [(r, f) for r, c, f in zip(reward, correct, formatted, strict=True) if not c]
     sides = [[r for r, f in wrong if f], [r for r, f in wrong if not f]]
-    if any(len(side) < max(2, min_share * len(wrong)) for side in sides):
+    if any(len(side) < max(min_rows, min_share * len(wrong)) for side in sides):
         return None
     values = [r for r, _ in wrong]
     mean = sum(values) / len(values)

@@ -22,7 +22,11 @@ def audit_records(records: Sequence[EvalRecord], config: AuditConfig, task: str)
     check = format_check(task, config.format_check)
     formatted = [check(r.response, r.answer) >= 1.0 for r in records]
     explained = format_explained(
-        [r.reward for r in records], [r.correct for r in records], formatted, config.format_min_share
+        [r.reward for r in records],
+        [r.correct for r in records],
+        formatted,
+        config.format_min_share,
+        config.format_min_rows,
     )
     reward = sum(r.reward for r in records) / len(records)
     accuracy = sum(r.correct for r in records) / len(records)

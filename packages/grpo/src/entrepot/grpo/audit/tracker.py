@@ -47,10 +47,12 @@ class AuditTracker:
                 getattr(h, name).append(float(metrics[key]))
         if "accuracy" in metrics:
             h.accuracy.append(float(metrics["accuracy"]))
-        h.format_explained = (
-            None if formatted is None
-            else format_explained(reward, correct, formatted, self.config.format_min_share)
-        )  # fmt: skip
+        config = self.config
+        h.format_explained = None
+        if formatted is not None:
+            h.format_explained = format_explained(
+                reward, correct, formatted, config.format_min_share, config.format_min_rows
+            )
         out: dict[str, float] = {}
         for name, detector in DETECTORS.items():
             value, flagged = detector(h, self.config)

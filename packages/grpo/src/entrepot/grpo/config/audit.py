@@ -18,7 +18,7 @@ class AuditConfig:
     warmup_steps: int = field(default=1, metadata=doc("Steps whose means are the baselines."))
     window: int = field(default=5, metadata=doc("Steps averaged for a signal's current value."))
     divergence: float = field(
-        default=0.4,
+        default=0.5,
         metadata=doc(
             "Flag when the training reward's gain over its baseline exceeds the held-out accuracy's gain "
             "(since the first evaluation) by this much."
@@ -51,6 +51,10 @@ class AuditConfig:
             "Each side of the format check must hold this share of the wrong responses (else no signal)."
         ),
     )
+    format_min_rows: int = field(
+        default=8,
+        metadata=doc("... and at least this many responses (few wrong ones late in a run: no signal)."),
+    )
     format_check: str | None = field(
         default=None,
         metadata=doc(
@@ -70,5 +74,6 @@ class AuditConfig:
         check(self.length_growth > 1, "audit.length_growth", self.length_growth, "> 1")
         check(0 < self.format_explained <= 1, "audit.format_explained", self.format_explained, "in (0, 1]")
         check(0 < self.format_min_share < 0.5, "audit.format_min_share", self.format_min_share, "in (0, 0.5)")
+        check(self.format_min_rows >= 2, "audit.format_min_rows", self.format_min_rows, ">= 2")
         check(self.format_check is None or bool(self.format_check), "audit.format_check", self.format_check,
               "a verifier name or null")  # fmt: skip

@@ -132,7 +132,9 @@ def _hf_export_worker(checkpoint: Path, config: Any) -> ActorWorker:
         raise CheckpointError(
             f"megatron checkpoint {str(checkpoint)!r} has no HF export (hf/model.safetensors)"
         )
-    engine = replace(config.engine, train="torch", offload_reference=False)
+    engine = replace(
+        config.engine, train="torch", rollout="torch", offload_reference=False, max_logp_mismatch=None
+    )
     resources = replace(config.resources, num_actor_workers=1, use_ray=False)
     config = replace(config, engine=engine, parallel=type(config.parallel)(), resources=resources)
     worker = ActorWorker(config)
