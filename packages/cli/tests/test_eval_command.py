@@ -103,3 +103,25 @@ def test_live_display_warns_when_the_audit_flags() -> None:
     assert line is not None and line.startswith(
         "reward hacking? format_explained 1.000 (first flagged at step 2)"
     )
+
+
+@pytest.mark.integration
+def test_an_export_evaluates_like_its_checkpoint_on_both_engines(
+    run_dir: Path, runner: CliRunner, tmp_path: Path
+) -> None:
+    from entrepot.grpo.run.export import export_checkpoint
+
+    _one_line_error(
+        runner.invoke(app, ["eval", str(run_dir), "--engine", "hf"]), "--engine hf runs HF generate"
+    )
+    export = export_checkpoint(run_dir, 10)
+    responses = {}
+    for name, path, engine in [("ckpt", run_dir, "torch"), ("torch", export, "torch"), ("hf", export, "hf")]:
+        done = runner.invoke(
+            app, ["eval", str(path), "-q", "-n", "16", "--engine", engine, "--out", str(tmp_path / name)]
+        )
+        assert done.exit_code == 0, done.output
+        responses[name] = (
+            (tmp_path / name / "eval_samples.jsonl").read_text().splitlines()[1:]
+        )  # past the header
+    assert len(responses["ckpt"]) == 16 and responses["ckpt"] == responses["torch"] == responses["hf"]

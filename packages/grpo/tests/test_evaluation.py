@@ -168,3 +168,10 @@ def test_planted_hackable_reward_is_flagged_within_20_steps(
     run = _train(tmp_path, plant, reward=reward, **overrides)
     flagged = [m["step"] for m in _metrics(run) if m.get(f"hacking/flag/{detector}")]
     assert flagged and flagged[0] <= STEPS, f"{detector} never flagged"
+
+
+def test_the_hf_engine_needs_an_hf_model() -> None:
+    with pytest.raises(
+        GRPOConfigError, match=r"^engine\.rollout \('hf'\) must be 'torch' or 'vllm' for the built"
+    ):
+        config_from_dict({"engine": {"rollout": "hf"}})

@@ -66,6 +66,11 @@ def prepare(
     config = target.config
     name = engine or config.engine.rollout
     _check_engine(name)
+    if name == "hf" and config.model.path is None:
+        raise EvalError(
+            "--engine hf runs HF generate on an HF model, and this checkpoint's policy is the built decoder "
+            "(no model.path): export it (rl grpo export RUN) and evaluate RUN/export/step_N --engine hf"
+        )
     config = replace(config, engine=replace(config.engine, rollout=cast(Any, name), max_logp_mismatch=None))
     target = replace(target, config=config)
     if temperature is None:
