@@ -125,3 +125,14 @@ def test_an_export_evaluates_like_its_checkpoint_on_both_engines(
             (tmp_path / name / "eval_samples.jsonl").read_text().splitlines()[1:]
         )  # past the header
     assert len(responses["ckpt"]) == 16 and responses["ckpt"] == responses["torch"] == responses["hf"]
+    prompts = tmp_path / "test.jsonl"
+    prompts.write_text(
+        '{"prompt": "12345678=", "answer": "87654321"}\n{"prompt": "31415926=", "answer": "62951413"}\n'
+    )
+    done = runner.invoke(
+        app,
+        ["eval", str(export), "--data", str(prompts), "--engine", "hf", "-q", "--out", str(tmp_path / "d")],
+    )
+    assert done.exit_code == 0, done.output
+    data = json.loads((tmp_path / "d" / "eval.json").read_text())["data"]
+    assert data["source"] == str(prompts) and data["prompts"] == 2 and len(data["sha256"]) == 64

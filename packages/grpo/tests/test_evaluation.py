@@ -175,3 +175,11 @@ def test_the_hf_engine_needs_an_hf_model() -> None:
         GRPOConfigError, match=r"^engine\.rollout \('hf'\) must be 'torch' or 'vllm' for the built"
     ):
         config_from_dict({"engine": {"rollout": "hf"}})
+
+
+def test_an_unknown_format_check_is_refused_before_a_run(tmp_path: Path) -> None:
+    from entrepot.grpo.errors import UnknownRewardError
+    from entrepot.grpo.run.preflight import check_inputs
+
+    with pytest.raises(UnknownRewardError, match=r"^audit\.format_check \('nope'\) is not a known verifier"):
+        check_inputs(config_from_dict({"audit": {"format_check": "nope"}}))

@@ -13,12 +13,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from entrepot.grpo.data import rewards
 from entrepot.grpo.errors import CheckpointError, EvalError
 from entrepot.grpo.evaluation.dataset import EvalSet, eval_set, task_setup
 from entrepot.grpo.evaluation.records import header, write_eval
 from entrepot.grpo.evaluation.runner import EvalRecord, EvalSettings
 from entrepot.grpo.evaluation.summary import check_ks, summarize
 from entrepot.grpo.evaluation.target import EvalTarget, resolve_target
+from entrepot.grpo.run.registry_names import check_reward_names
 
 if TYPE_CHECKING:
     from entrepot.grpo.workers import ActorWorker
@@ -73,6 +75,8 @@ def prepare(
         )
     config = replace(config, engine=replace(config.engine, rollout=cast(Any, name), max_logp_mismatch=None))
     target = replace(target, config=config)
+    rewards.resolve_custom(config.reward.custom)  # the run's own verifiers score its responses here too
+    check_reward_names(config.reward, config.audit.format_check)
     if temperature is None:
         temperature = config.rollout.temperature if samples > 1 else 0.0
     rollout = config.rollout
