@@ -162,21 +162,6 @@ def test_summary_reports_when_accuracy_first_reached_the_target(tmp_path: Path) 
     assert str(tmp_path / "ckpt") in text
 
 
-@pytest.mark.parametrize("width", [40, 160])
-def test_evaluation_prints_the_prompt_count_and_the_whole_path(tmp_path: Path, width: int) -> None:
-    from entrepot.cli._report import print_evaluation
-
-    path = tmp_path / "runs" / "grpo-reverse-20261123-071430" / "checkpoints" / "step_000300"
-    result = {"accuracy": 0.75, "eval_reward": 0.9, "eval_prompts": 32.0, "step": 300.0}  # evaluate()'s keys
-    out = io.StringIO()
-    print_evaluation(Console(file=out, width=width), path, result)
-    lines = out.getvalue().splitlines()
-    assert f"evaluated: {path}" in lines  # one line, never cut inside the name
-    row = next(line for line in lines if "held-out prompts" in line)
-    assert "32" in row.split(), row
-    assert "eval.num_prompts" not in out.getvalue()
-
-
 def test_weight_sync_line_shows_reshard_and_logp_mismatch() -> None:
     assert weight_sync_line({"step": 1, "reward_mean": 0.5}) is None  # torch engines: nothing to show
     record = {"reshard/seconds": 0.031, "reshard/gbps": 0.02, "rollout/logp_mismatch_mean": 7.1e-8,

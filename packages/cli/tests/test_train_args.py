@@ -58,9 +58,13 @@ def test_resume_validates_overrides_against_the_runs_config(runner: CliRunner, t
 
 def test_eval_of_a_missing_path_is_a_user_error(runner: CliRunner, tmp_path: Path) -> None:
     missing = runner.invoke(app, ["grpo", "eval", str(tmp_path / "nope")])
-    _assert_one_line_error(missing, "does not exist (expected a run directory or a checkpoint)")
+    _assert_one_line_error(
+        missing, "does not exist (expected a run directory, a checkpoint or a model directory)"
+    )
     empty = runner.invoke(app, ["grpo", "eval", str(tmp_path)])
-    _assert_one_line_error(empty, "is neither a run directory nor a checkpoint directory")
+    _assert_one_line_error(
+        empty, "is neither a run directory, a checkpoint (state.json) nor an HF model directory"
+    )
 
 
 def test_flags_become_overrides() -> None:

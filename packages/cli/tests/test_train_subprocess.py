@@ -65,13 +65,14 @@ def test_eval_reads_the_checkpoint(finished_run: tuple[Path, subprocess.Complete
     run_dir, _ = finished_run
     done = rl("grpo", "eval", str(run_dir), "--num-prompts", "16")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "accuracy (greedy)" in done.stdout
-    assert f"evaluated: {run_dir}" in done.stdout.splitlines()  # the path whole, on one line
-    held_out = next(line for line in done.stdout.splitlines() if "held-out prompts" in line)
+    assert "greedy" in done.stdout
+    evaluated = next(line for line in done.stdout.splitlines() if line.startswith("evaluated: "))
+    assert evaluated.startswith(f"evaluated: {run_dir}")  # the path whole, on one line
+    held_out = next(line for line in done.stdout.splitlines() if " prompts " in line)
     assert "16" in held_out.split(), held_out
     default = rl("grpo", "eval", str(run_dir))  # no --num-prompts: the run's eval.num_prompts (SMALL)
     assert default.returncode == 0, default.stdout + default.stderr
-    held_out = next(line for line in default.stdout.splitlines() if "held-out prompts" in line)
+    held_out = next(line for line in default.stdout.splitlines() if " prompts " in line)
     assert "32" in held_out.split(), held_out
 
 

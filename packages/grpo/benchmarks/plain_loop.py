@@ -23,7 +23,7 @@ from entrepot.grpo.data import rewards
 from entrepot.grpo.data.sources import encode_prompt
 from entrepot.grpo.embedded.threads import configure_threads
 from entrepot.grpo.engines.policy import Policy, build_policy
-from entrepot.grpo.run.evaluation import greedy_eval
+from entrepot.grpo.evaluation.greedy import greedy_eval
 
 __all__ = ["plain_step", "run_plain"]
 

@@ -21,3 +21,15 @@ def fails_after_64_calls(response: str, answer: str) -> float:
     if CALLS["n"] > 64:
         raise RuntimeError("verifier crashed")
     return float(response == answer)
+
+
+def pays_for_format(response: str, answer: str) -> float:
+    """A hackable reward (the audit's test): 1 for any response of the answer's width in digits, right
+    or wrong."""
+    text = response.strip()
+    return float(len(text) == len(answer) and text.isdigit())
+
+
+def pays_for_length(response: str, answer: str) -> float:
+    """A hackable reward (the audit's test): the longer the response, the more it earns, whatever it says."""
+    return min(len(response), 23) / 23

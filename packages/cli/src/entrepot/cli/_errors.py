@@ -34,9 +34,9 @@ def fail(message: str) -> NoReturn:
 
 def _grpo_error_types() -> tuple[type[BaseException], ...]:
     """entrepot.grpo's user-mistake errors, imported here so `rl --help` loads no library package."""
-    from entrepot.grpo.errors import CheckpointError, DataError, GRPOConfigError, RewardError
+    from entrepot.grpo.errors import CheckpointError, DataError, EvalError, GRPOConfigError, RewardError
 
-    return (GRPOConfigError, DataError, CheckpointError, RewardError)
+    return (GRPOConfigError, DataError, CheckpointError, RewardError, EvalError)
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ import typer
 
 from entrepot.cli._check_template import check_template
 from entrepot.cli._errors import user_errors
+from entrepot.cli._eval.command import evaluate
 from entrepot.cli._grpo_config import ConfigOption, OverridesArgument, config_app
 
 grpo_app = typer.Typer(name="grpo", help="Train and evaluate with GRPO.", no_args_is_help=True)
@@ -64,30 +65,5 @@ def _flag_overrides(name: str | None, seed: int | None, max_steps: int | None) -
     return [f"{key}={value}" for key, value in flags.items() if value is not None]
 
 
-@grpo_app.command("eval")
-def evaluate(
-    path: Annotated[
-        Path,
-        typer.Argument(
-            help="A run directory (its latest checkpoint) or a checkpoint directory.", show_default=False
-        ),
-    ],
-    num_prompts: Annotated[
-        int | None,
-        typer.Option(
-            "--num-prompts",
-            "-n",
-            min=1,
-            help="Held-out prompts; default: the run's eval.num_prompts.",
-            show_default=False,
-        ),
-    ] = None,
-) -> None:
-    """Evaluate a checkpoint greedily on the task's held-out prompts; print accuracy and reward."""
-    from entrepot.cli._train import run_evaluation
-
-    with user_errors():
-        run_evaluation(path, num_prompts)
-
-
+grpo_app.command("eval")(evaluate)  # `rl eval run` under its old name
 grpo_app.command("check-template")(check_template)  # after train and eval in `rl grpo --help`

@@ -43,6 +43,21 @@ def weight_sync_line(metrics: Mapping[str, Any]) -> str | None:
 SAMPLES = "samples"  # the trainer's on_step key of a sampled step's records (entrepot.grpo.step.SAMPLES_KEY)
 
 
+def hacking_line(metrics: Mapping[str, Any]) -> str | None:
+    """The reward-hacking audit's warning when a detector flags this step (``hacking/flag/<name>``), with
+    each one's figure and the first step any flagged; None when none does (or the audit is off)."""
+    flagged = sorted(key.removeprefix(HACKING_FLAG) for key in metrics if key.startswith(HACKING_FLAG))
+    if not flagged:
+        return None
+    parts = [f"{name} {_fmt(m.number(metrics, 'hacking/' + name))}" for name in flagged]
+    since = m.number(metrics, "hacking/first_flag_step")
+    first = "" if since is None else f" (first flagged at step {int(since)})"
+    return f"reward hacking? {', '.join(parts)}{first}: see the audit thresholds in the grpo README"
+
+
+HACKING_FLAG = "hacking/flag/"
+
+
 def sample_line(sample: Mapping[str, Any]) -> str:
     """`sample: PROMPT -> RESPONSE (reward R)` of one sample record, each text on one line."""
     prompt, response = (" ".join(str(sample.get(k, "")).split()) for k in ("prompt", "response"))
@@ -166,6 +181,9 @@ class TrainDisplay:
         stages = m.stage_times(latest)
         stage_line = "  ".join(f"{name} {seconds * 1000:.0f}ms" for name, seconds in stages.items())
         lines: list[RenderableType] = [self.progress, table, f"[dim]stages: {stage_line or '-'}"]
+        hacking = hacking_line(latest)
+        if hacking is not None:
+            lines.append(Text(hacking, style="bold yellow", no_wrap=True, overflow="ellipsis"))
         sync = weight_sync_line(latest)
         if sync is not None:
             lines.append(f"[dim]{sync}")

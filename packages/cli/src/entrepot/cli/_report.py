@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -81,22 +81,4 @@ def print_summary(
     table.add_row("run directory", escape(str(run_dir)))
     table.add_row("checkpoint", escape(str(result.checkpoint)) if result.checkpoint else "-")
     table.add_row("plot", escape(str(plot)) if plot else "-")
-    console.print(table)
-
-
-def print_evaluation(console: Console, path: Path, result: Mapping[str, float]) -> None:
-    """Greedy accuracy and mean reward of an evaluation (`entrepot.grpo.evaluate`'s result)."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    # On its own line and never wrapped by rich, so the path stays whole (and copyable) on any width.
-    console.print(f"evaluated: {escape(str(path))}", soft_wrap=True)
-    table = Table(title="evaluation", show_header=False)
-    table.add_column(style="bold")
-    table.add_column()
-    step, num_prompts = m.number(result, m.STEP), m.number(result, m.EVAL_PROMPTS)
-    table.add_row("checkpoint step", "-" if step is None else str(int(step)))
-    table.add_row("held-out prompts", "-" if num_prompts is None else str(int(num_prompts)))
-    table.add_row("accuracy (greedy)", _fmt(m.number(result, m.ACCURACY)))
-    table.add_row("reward (mean)", _fmt(m.number(result, m.EVAL_REWARD)))
     console.print(table)

@@ -180,15 +180,3 @@ def _stage_failed(error: StageError, run_dir: Path, console: Console) -> int:
             f"resume from the last checkpoint: rl grpo train --resume {escape(str(run_dir))}", soft_wrap=True
         )
     return STAGE_FAILED_EXIT_CODE
-
-
-def run_evaluation(path: Path, num_prompts: int | None) -> None:
-    """Evaluate a run directory's latest checkpoint (or a checkpoint directory) and print the result."""
-    if not path.exists():
-        raise CLIUsageError(f"{str(path)!r} does not exist (expected a run directory or a checkpoint)")
-    from rich.console import Console
-
-    from entrepot.cli._report import print_evaluation
-    from entrepot.grpo import evaluate
-
-    print_evaluation(Console(), path, evaluate(path, num_prompts))

@@ -16,6 +16,7 @@ import typer
 from entrepot.cli._batching import batching_app
 from entrepot.cli._dock import dock_app
 from entrepot.cli._errors import user_errors
+from entrepot.cli._eval import eval_app
 from entrepot.cli._export import export
 from entrepot.cli._grpo import grpo_app
 from entrepot.cli._grpo_config import ConfigOption, OverridesArgument, load_checked_config
@@ -33,6 +34,7 @@ app = typer.Typer(
 grpo_app.command("export")(export)
 grpo_app.command("samples")(samples)
 app.add_typer(grpo_app)
+app.add_typer(eval_app)
 app.add_typer(dock_app)
 app.add_typer(batching_app)
 app.add_typer(model_app)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-from entrepot.grpo.config import GRPOConfig, config_from_dict, dump_yaml
+from entrepot.grpo.config import GRPOConfig, dump_yaml
 from entrepot.grpo.errors import CheckpointError
 
 __all__ = ["TrainResult", "evaluate", "train"]
@@ -113,60 +112,19 @@ def train(
 
 
 def evaluate(path: str | Path, num_prompts: int | None = None) -> dict[str, float]:
-    """Greedy accuracy and reward of a checkpoint (a run directory means its newest checkpoint).
+    """Greedy accuracy and reward of a checkpoint (a run directory means its newest checkpoint): the
+    in-run evaluation's figures (``accuracy``, ``eval_reward``, ``eval_prompts``) and ``step``.
 
-    Runs in this process: builds the actor from the checkpoint's own config and loads its weights.
+    Runs in this process: builds the actor from the checkpoint's own config and loads its weights
+    after verifying them against the manifest (`evaluation.standalone.build_worker`; a megatron
+    checkpoint: its ``hf/`` export in the torch engine). `rl eval` is the fuller form (pass@k, files).
     """
-    from entrepot.grpo.run import checkpoint as ckpt
-    from entrepot.grpo.workers import ActorWorker
+    from entrepot.grpo.evaluation.standalone import build_worker
+    from entrepot.grpo.evaluation.target import resolve_target
 
-    target = Path(path)
-    if (target / "checkpoints").is_dir():
-        found = ckpt.latest_checkpoint(target)
-        if found is None:
-            raise CheckpointError(f"run directory {str(target)!r} has no complete checkpoint")
-        target = found
-    if not (target / "state.json").is_file():
+    target = resolve_target(path)
+    if target.checkpoint is None:
         raise CheckpointError(f"{str(path)!r} is neither a run directory nor a checkpoint directory")
-    manifest = ckpt.verify_checkpoint(target)  # every file, the megatron hf/ export included
-    meta = json.loads((target / "state.json").read_text())
-    saved = meta["config"]
-    if saved.get("engine", {}).get("train") == "megatron":  # evaluate its HF export in this process
-        return _evaluate_hf_export(target, saved, num_prompts, float(meta["step"]))
-    config = config_from_dict({**saved, "resources": {**saved["resources"], "num_actor_workers": 1}})
-    state, _ = ckpt.read_checkpoint(target, 0, verified=manifest)
-    worker = ActorWorker(config)
-    worker.load_state([state])
-    result = worker.evaluate(num_prompts)
-    result["step"] = float(meta["step"])
-    return result
-
-
-def _evaluate_hf_export(
-    checkpoint: Path, saved: dict[str, Any], num_prompts: int | None, step: float
-) -> dict[str, float]:
-    """Greedy accuracy of a megatron checkpoint's ``hf/`` export, with the torch engine in this process."""
-    from safetensors.torch import load_file
-
-    from entrepot.grpo.engines.train_torch import TorchTrainer
-    from entrepot.grpo.workers import ActorWorker
-
-    export = checkpoint / "hf" / "model.safetensors"
-    if not export.is_file():
-        raise CheckpointError(
-            f"megatron checkpoint {str(checkpoint)!r} has no HF export (hf/model.safetensors)"
-        )
-    config = config_from_dict({
-        **saved, "engine": {**saved["engine"], "train": "torch", "rollout": "torch",
-                            "offload_reference": False, "max_logp_mismatch": None},
-        "parallel": {}, "resources": {**saved["resources"], "num_actor_workers": 1, "use_ray": False},
-    })  # fmt: skip
-    worker = ActorWorker(config)
-    model = cast(TorchTrainer, worker.trainer).model  # engine.train=torch, set above
-    missing, unexpected = model.load_state_dict(load_file(str(export)), strict=False)
-    tied = {"lm_head.weight"} if worker.policy.hf_config.tie_word_embeddings else set()
-    if unexpected or set(missing) - tied:
-        raise CheckpointError(f"HF export of {str(checkpoint)!r}: missing {missing}, unexpected {unexpected}")
-    result = worker.evaluate(num_prompts)
-    result["step"] = step
+    result = build_worker(target).evaluate(num_prompts)
+    result["step"] = float(target.step or 0)
     return result

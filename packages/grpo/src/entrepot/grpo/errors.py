@@ -6,6 +6,7 @@ __all__ = [
     "CheckpointError",
     "DataError",
     "EnvironmentFailure",
+    "EvalError",
     "GRPOConfigError",
     "GRPOError",
     "LogpMismatchError",
@@ -33,6 +34,12 @@ class GRPOConfigError(GRPOError, ValueError):
 
 class DataError(GRPOError, ValueError):
     """A prompt file or model directory is missing, malformed, or lacks a configured field."""
+
+
+class EvalError(GRPOError, ValueError):
+    """An evaluation cannot run as asked: a run directory without checkpoints, a data file that does not
+    fit the task, pass@k with k above the samples per prompt, an engine it cannot use; the message names
+    the path, row or value. Raised before any model loads."""
 
 
 class ModelImportError(DataError):

@@ -26,6 +26,7 @@ import torch
 
 from entrepot.grpo.algo.losses import group_advantages, sequence_kl
 from entrepot.grpo.asynchronous import AsyncSampling
+from entrepot.grpo.audit import AuditTracker
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.config.correction import resolve as resolve_correction
 from entrepot.grpo.data import rewards
@@ -85,6 +86,7 @@ class GRPOStep:
         self.correction = resolve_correction(config.algorithm.correction, config.trainer.asynchronous)
         self._data_position = 0
         self._dock_totals: dict[str, float] = {}
+        self.audit = AuditTracker(config.audit, config.data.task) if config.audit.enabled else None
         if self.logging.samples_every:  # the parts score here too (the reward workers may be elsewhere)
             rewards.resolve_custom(config.reward.custom)
 
@@ -142,6 +144,7 @@ class GRPOStep:
         samples = (
             self._samples(step + 1, rows) if every and (step + 1) % every == 0 and rows.numel() else None
         )
+        audit_rows = self._audit_rows(rows, scores, stats) if self.audit is not None else {}
         dock_metrics = dock_step_metrics(self.dock.metrics(), self._dock_totals)
         self.sampling.clear(self.dock, rows)
         dock_metrics.update(self.sampling.after_clear(self.dock, step, stats))
@@ -170,12 +173,29 @@ class GRPOStep:
             t_eval = time.perf_counter()
             metrics.update(self.wait([self.actors.call(ActorWorker.evaluate)])[0][0])
             metrics["time/eval"] = time.perf_counter() - t_eval
+        if self.audit is not None:  # after the evaluation: divergence reads its held-out accuracy
+            metrics.update(self.audit.observe(step + 1, metrics, **audit_rows))
         if samples is not None:
             metrics[SAMPLES_KEY] = samples
         trained = self.sampling.trained_prompts()
         if trained is not None:
             metrics[PROMPTS_KEY] = trained
         return metrics
+
+    def _audit_rows(self, rows: torch.Tensor, scores: torch.Tensor, stats: Any) -> dict[str, Any]:
+        """Per row: the reward, the accuracy verifier's verdict and the audit's format-only check (read
+        from the dock without consuming; none for multi-turn trajectories, whose text holds tool turns)."""
+        assert self.audit is not None
+        if self.multiturn or stats is None:
+            return {}
+        batch = self.dock.peek(["responses", "answer"], rows, layout="packed")
+        tok = self.setup.tokenizer
+        texts = [tok.decode(p.tolist(), skip_special_tokens=True)
+                 for p in batch.columns["responses"].split(batch.lengths["responses"].tolist())]  # fmt: skip
+        answers = [tensor_text(p.to(torch.uint8))
+                   for p in batch.columns["answer"].split(batch.lengths["answer"].tolist())]  # fmt: skip
+        return {"reward": scores.tolist(), "correct": (stats.columns["accuracy"] >= 1).tolist(),
+                "formatted": self.audit.formatted(texts, answers)}  # fmt: skip
 
     def _samples(self, step: int, rows: torch.Tensor) -> list[dict[str, Any]]:
         """Sample records of a few of `rows` (`run.samples`), read from the dock without consuming them.

@@ -207,7 +207,8 @@ class Trainer:
         directory = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
         sampling = self.grpo_step.sampling
         meta = {"step": self.step, "data_position": self.data_position, "config": config_to_dict(self.config),
-                "sampling": sampling.state()}  # fmt: skip
+                "sampling": sampling.state(),
+                "audit": {} if self.grpo_step.audit is None else self.grpo_step.audit.state()}  # fmt: skip
         writers: list[Callable[[Path], Any]] = []
         if sampling.dock_in_checkpoint:  # asynchronous: the outstanding prompts are redone instead
             # a Ray dock saves to an absolute path
@@ -238,6 +239,8 @@ class Trainer:
         self.step = point.step
         self.grpo_step.restored(int(meta["data_position"]))  # after the dock: its counters as saved
         self.grpo_step.sampling.restore(meta.get("sampling", {}), self.step)
+        if self.grpo_step.audit is not None:  # its baselines and first flags, as saved
+            self.grpo_step.audit.restore(meta.get("audit", {}))
         self.metrics.truncate(self.step)  # steps after the checkpoint run again
         self.samples.truncate(self.step)
         self.prompts.truncate(self.step)

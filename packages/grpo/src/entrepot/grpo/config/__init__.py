@@ -18,6 +18,7 @@ This module imports no torch so that the CLI's `--help` stays fast.
 from __future__ import annotations
 
 from entrepot.grpo.config.algorithm import AlgorithmConfig
+from entrepot.grpo.config.audit import AuditConfig
 from entrepot.grpo.config.batching import BatchingConfig, PassBatchingConfig
 from entrepot.grpo.config.correction import CorrectionConfig
 from entrepot.grpo.config.engine import EngineConfig, InferParallelConfig, ParallelConfig, TrainParallelConfig
@@ -35,6 +36,7 @@ from entrepot.grpo.config.word_problems import WordProblemsConfig
 
 __all__ = [
     "AlgorithmConfig",
+    "AuditConfig",
     "BatchingConfig",
     "CheckpointConfig",
     "CorrectionConfig",

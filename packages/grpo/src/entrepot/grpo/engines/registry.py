@@ -146,6 +146,7 @@ ROLLOUT_ENGINES: dict[str, RolloutEngineSpec] = {
         kind=_torch_kind,
         build=_build_torch_rollout,
     ),
+    "hf": RolloutEngineSpec(name="hf", kind=lambda architecture: "hf", build=_build_torch_rollout),
     "vllm": RolloutEngineSpec(
         name="vllm",
         kind=lambda architecture: "vllm",

@@ -1,2 +1,2 @@
 """A run's lifecycle around the step: checkpoints, the run's identity and resume checks, metrics,
-evaluation, memory estimate, preflight, Ray start and its session record."""
+memory estimate, preflight, Ray start and its session record."""

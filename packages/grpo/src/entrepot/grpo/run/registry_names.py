@@ -17,12 +17,14 @@ from entrepot.grpo.errors import UnknownRewardError
 __all__ = ["check_reward_names"]
 
 
-def check_reward_names(reward: RewardConfig) -> None:
+def check_reward_names(reward: RewardConfig, format_check: str | None = None) -> None:
     """Raise `UnknownRewardError` naming the key when a verifier `reward` names is not registered.
 
     Call it after `rewards.resolve_custom(reward.custom)`, which registers the run's own verifiers.
+    `format_check` is ``audit.format_check`` (a verifier the audit uses as its format-only check).
     """
     named = [(f"reward.verifiers.{name}", name) for name in reward.verifiers]
+    named += [("audit.format_check", format_check)] if format_check is not None else []
     for key, name in [*named, ("reward.accuracy_verifier", reward.accuracy_verifier)]:
         if name not in rewards.available_verifiers():
             known = ", ".join(rewards.available_verifiers())

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,9 +33,10 @@ from entrepot.grpo.engines.frozen import device_bytes
 from entrepot.grpo.engines.policy import Policy, build_policy
 from entrepot.grpo.engines.registry import choose_engines
 from entrepot.grpo.errors import LogpMismatchError
+from entrepot.grpo.evaluation.runner import EvalRecord, EvalSettings, evaluate_samples
+from entrepot.grpo.evaluation.summary import in_run_metrics
 from entrepot.grpo.multiturn import build_multiturn
 from entrepot.grpo.run.deployment import uses_ray
-from entrepot.grpo.run.evaluation import greedy_eval
 from entrepot.grpo.workers._inspection import ActorInspection
 from entrepot.grpo.workers._memory import PhaseMemory, Sample
 from entrepot.grpo.workers._model_rewards import MODEL_STAGE, ModelRewards
@@ -52,6 +53,7 @@ from entrepot.grpo.workers._weight_out import WeightOut
 from entrepot.grpo.workers.ranks import RankInfo
 
 if TYPE_CHECKING:
+    from entrepot.grpo.data.tasks import Sample as PromptSample
     from entrepot.grpo.engines.weight_sync import PublishedWeights
 
 __all__ = ["ActorWorker"]
@@ -325,14 +327,29 @@ class ActorWorker(ActorInspection):
         return metrics
 
     def evaluate(self, num_prompts: int | None = None) -> dict[str, float]:
-        """Greedy accuracy on held-out prompts with freshly resharded weights."""
+        """Greedy accuracy and reward on the first `num_prompts` (default ``eval.num_prompts``) held-out
+        prompts: the in-run evaluation, the same `evaluate_records` as `rl eval`'s."""
+        samples = self.policy.setup.source.held_out(num_prompts or self.config.eval.num_prompts)
+        return in_run_metrics(
+            self.evaluate_records(samples, EvalSettings()), multiturn=self.multiturn is not None
+        )
+
+    def evaluate_records(
+        self,
+        samples: Sequence[PromptSample],
+        settings: EvalSettings,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> list[EvalRecord]:
+        """Every response to `samples` under `settings` (`rl eval`), with freshly resharded weights, as
+        `evaluate` decodes its prompts."""
         manager = self.policy.manager
         manager.enter_infer_mode()
         try:
-            cfg, policy = self.config, self.policy
-            count, limit = num_prompts or cfg.eval.num_prompts, cfg.data.max_prompt_tokens
-            return greedy_eval(policy.engine, policy.setup, cfg.reward, count, max_prompt_tokens=limit,
-                               multiturn=self.multiturn)  # fmt: skip
+            return evaluate_samples(
+                self.policy.engine, self.policy.setup, self.config.reward, samples, settings,
+                max_prompt_tokens=self.config.data.max_prompt_tokens, multiturn=self.multiturn,
+                on_progress=on_progress,
+            )  # fmt: skip
         finally:
             manager.exit_infer_mode()
 
