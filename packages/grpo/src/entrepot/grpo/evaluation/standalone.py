@@ -124,7 +124,9 @@ def build_worker(target: EvalTarget) -> ActorWorker:
         return _hf_export_worker(target.checkpoint, config)
     manifest = ckpt.verify_checkpoint(target.checkpoint)
     state, _ = ckpt.read_checkpoint(target.checkpoint, 0, verified=manifest)
-    worker = ActorWorker(config)
+    worker = ActorWorker(
+        replace(config, resources=replace(config.resources, num_actor_workers=1, use_ray=False))
+    )
     worker.load_state([state])
     return worker
 

@@ -97,9 +97,7 @@ def resolve_target(
 def _checkpoint(directory: Path, run_dir: Path | None) -> EvalTarget:
     manifest = verify_manifest(directory)  # every file: size and sha256
     meta = json.loads((directory / "state.json").read_text())
-    saved = meta["config"]
-    resources = {**saved.get("resources", {}), "num_actor_workers": 1, "use_ray": False}
-    config = config_from_dict({**saved, "resources": resources})
+    config = config_from_dict(meta["config"])  # as it trained; `build_worker` makes it one process
     digest = hashlib.sha256((directory / MANIFEST).read_bytes()).hexdigest()
     return EvalTarget(
         config=config, checkpoint=directory, run_dir=run_dir,
