@@ -21,8 +21,7 @@ generation that follows, taken at its three fullest moments (per rank, on the ra
 and that of the update (torch engine): params, grads, optimizer, the resident reference and idle
 rollout weights, plus the largest micro-batch's activations and LM-head logits
 (`entrepot.grpo.run.activations`); and a checkpoint's, whose `capture_state` copies params,
-reference and optimizer state from an accelerator into host memory before writing them (on CPU it
-writes the tensors as they are). On engine.device=cpu every
+reference and optimizer state into host memory before writing them. On engine.device=cpu every
 moment also counts the process's own runtime (`CPU_RUNTIME_BYTES`: Python, torch, transformers, the
 tokenizer). The CPU allocator keeps what the update freed for reuse, so later moments of a measured
 run sit somewhat above their figures here (BENCHMARKS.md: within 20% on SmolLM2-135M).
@@ -349,11 +348,10 @@ def _with_stages(
             + e.logits,
             on_host[1] + on_host[2] + idle_host,
         ),
-        # a checkpoint's `capture_state` copies params, reference and optimizer state from an
-        # accelerator to host memory (host tensors are written as they are)
+        # a checkpoint's `capture_state` copies params, reference and optimizer state to host memory
         "checkpoint": (
             e.params + sum(resident) + idle_device,
-            sum(on_host) + idle_host + (0 if e.on_cpu else e.params + e.reference + e.optimizer),
+            sum(on_host) + idle_host + e.params + e.reference + e.optimizer,
         ),
     }
     stages = {name: (device + e.runtime, host) for name, (device, host) in stages.items()}
