@@ -3,13 +3,10 @@
 One instance per rank of the actor group, all on one device. It holds a `Policy` (training model,
 rollout engine, reference) and switches between them with entrepot.resharding's `ShardingManager`:
 `enter_infer_mode` reshards train -> infer and loads the engine; train mode onloads what the update
-needs. With `resources.colocate` it also holds the reward models; the reference and the reward
-models are on the device only for their stage when offloaded (`engine.offload_reference`,
-`engine.offload_reward_models`). Each stage reports its peak memory (`memory/<phase>_peak_bytes`).
-
-Every stage reads its rows from the dock in the packed layout and writes its outputs back:
-responses and per-token log-probs flat with their lengths, nothing padded on the way.
-
+needs. With `resources.colocate` it also holds the reward models; offloaded (`engine.offload_reference`,
+`engine.offload_reward_models`), the reference and reward models are on the device only for their
+stage. Each stage reports its peak memory (`memory/<phase>_peak_bytes`), reads its rows from the dock
+packed and writes back flat outputs with their lengths (responses, per-token log-probs): no padding.
 With several DP ranks, ref/old log-prob ranks share the rows (whoever asks takes the next ones);
 the update takes exactly the rows the driver planned for each rank and sums gradients over ranks.
 """
@@ -330,28 +327,21 @@ class ActorWorker(ActorInspection):
         """Greedy accuracy and reward on the first `num_prompts` (default ``eval.num_prompts``) held-out
         prompts: the in-run evaluation, the same `evaluate_records` as `rl eval`'s."""
         samples = self.policy.setup.source.held_out(num_prompts or self.config.eval.num_prompts)
-        return in_run_metrics(
-            self.evaluate_records(samples, EvalSettings()), multiturn=self.multiturn is not None
-        )
+        records = self.evaluate_records(samples, EvalSettings())
+        return in_run_metrics(records, multiturn=self.multiturn is not None)
 
     def evaluate_records(
-        self,
-        samples: Sequence[PromptSample],
-        settings: EvalSettings,
+        self, samples: Sequence[PromptSample], settings: EvalSettings,
         on_progress: Callable[[int], None] | None = None,
-    ) -> list[EvalRecord]:
+    ) -> list[EvalRecord]:  # fmt: skip
         """Every response to `samples` under `settings` (`rl eval`), with freshly resharded weights, as
         `evaluate` decodes its prompts."""
-        manager = self.policy.manager
-        manager.enter_infer_mode()
-        try:
+        with self.policy.manager.mode("infer"):
             return evaluate_samples(
                 self.policy.engine, self.policy.setup, self.config.reward, samples, settings,
                 max_prompt_tokens=self.config.data.max_prompt_tokens, multiturn=self.multiturn,
                 on_progress=on_progress,
             )  # fmt: skip
-        finally:
-            manager.exit_infer_mode()
 
     def publish_weights(self, version: int) -> PublishedWeights | None:
         """This rank's weights as `version` for the asynchronous rollout (`_weight_out.WeightOut`)."""
