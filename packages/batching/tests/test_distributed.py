@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,20 +15,14 @@ pytestmark = pytest.mark.integration  # two processes in a gloo world
 WORKER = Path(__file__).parent / "support" / "distributed_worker.py"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def test_ranks_agree_on_micro_batch_count_over_gloo() -> None:
+def test_ranks_agree_on_micro_batch_count_over_gloo(tmp_path: Path) -> None:
     budget = 100
     per_rank = [[60, 30, 10, 50, 40], [90, 80, 70, 60, 20, 20, 10]]  # needs 2 vs 4 micro-batches
-    port = _free_port()
+    init_file = tmp_path / "gloo.rendezvous"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
     procs = [
         subprocess.Popen(
-            [sys.executable, str(WORKER), str(rank), "2", str(port), json.dumps(lengths), str(budget)],
+            [sys.executable, str(WORKER), str(rank), "2", str(init_file), json.dumps(lengths), str(budget)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -150,15 +150,17 @@ def test_entropy_bonus_changes_the_gradient() -> None:
 
 
 @pytest.fixture(scope="module")
-def dp2_results() -> dict[str, dict[int, tuple[Any, Any]]]:
+def dp2_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[int, tuple[Any, Any]]]:
     """mode -> rank -> (grads, metrics) of two spawned gloo ranks that run every aggregation mode in
     turn (a fresh process group per mode): the ranks start, and import torch, once for all three."""
-    from tests_support_dp import dp_rank_per_mode, free_port
+    from tests_support_dp import dp_rank_per_mode
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    modes, ports = list(AGGREGATIONS), [free_port() for _ in AGGREGATIONS]
-    procs = [ctx.Process(target=dp_rank_per_mode, args=(rank, ports, modes, queue)) for rank in range(2)]
+    rendezvous = tmp_path_factory.mktemp("dp2")
+    modes = list(AGGREGATIONS)
+    init_files = [str(rendezvous / f"{mode}.rendezvous") for mode in modes]
+    procs = [ctx.Process(target=dp_rank_per_mode, args=(rank, init_files, modes, queue)) for rank in range(2)]
     for proc in procs:
         proc.start()
     results: dict[str, dict[int, tuple[Any, Any]]] = {mode: {} for mode in modes}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from typing import Any
 
 import torch
@@ -12,19 +11,14 @@ from test_update import ADVANTAGES, SKEWED, _config, _rows, _update
 from entrepot.grpo.algo.update import DataParallel
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def dp_rank(rank: int, port: int, mode: str, out: Any) -> None:
-    """One of two gloo ranks: rank 0 trains on the long row, rank 1 on the three short ones."""
+def dp_rank(rank: int, init_file: str, mode: str, out: Any) -> None:
+    """One of two gloo ranks: rank 0 trains on the long row, rank 1 on the three short ones. They meet
+    through `init_file` (a file rendezvous: no port to race another process for)."""
     import torch.distributed as dist
 
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
         config = _config(
             f"algorithm.loss_agg={mode}", "algorithm.kl_coef=0", "batching.max_tokens_per_micro_batch=48"
@@ -47,8 +41,8 @@ class _Tagged:
         self.out.put((self.tag, *item))
 
 
-def dp_rank_per_mode(rank: int, ports: list[int], modes: list[str], out: Any) -> None:
-    """`dp_rank` for each of `modes` in turn (a fresh gloo group on each one's port), in one process:
+def dp_rank_per_mode(rank: int, init_files: list[str], modes: list[str], out: Any) -> None:
+    """`dp_rank` for each of `modes` in turn (a fresh gloo group on each one's file), in one process:
     the two processes start (import torch) once for every mode. Puts (mode, rank, grads, metrics)."""
-    for port, mode in zip(ports, modes, strict=True):
-        dp_rank(rank, port, mode, _Tagged(out, mode))
+    for init_file, mode in zip(init_files, modes, strict=True):
+        dp_rank(rank, init_file, mode, _Tagged(out, mode))

@@ -8,7 +8,6 @@ inference shard cut directly from the full model.
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -32,12 +31,6 @@ class Scenario:
     infer: ParallelLayout
     bucket_bytes: int
     corrupt_check: bool = False
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class CorruptingResharder(Resharder):
@@ -83,10 +76,10 @@ class SwappingResharder(Resharder):
                 self.swapped = seg.name
 
 
-def run_swap_probes(rank: int, world: int, port: int, job: SwapProbes) -> None:
+def run_swap_probes(rank: int, world: int, rendezvous: str, job: SwapProbes) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     try:
         adaptor = get_adaptor(job.architecture, SimpleNamespace(**job.config))
         full = adaptor.hf_to_train(torch.load(job.state_path))
@@ -120,10 +113,10 @@ class RankOneSwapsHeads(LlamaAdaptor):
         return out
 
 
-def run(rank: int, world: int, port: int, scenario: Scenario) -> None:
+def run(rank: int, world: int, rendezvous: str, scenario: Scenario) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     try:
         _check(rank, world, scenario)
     finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,17 +28,13 @@ import megatron_workers  # on sys.path through conftest.py, for the forked ranks
 
 
 def _run_ranks(check: Callable[..., None], *args: object) -> None:
-    """``check(rank, port, *args)`` on 2 ranks forked from the package's forkserver (conftest.py)."""
-    port = _free_port()
-    mp.start_processes(check, args=(port, *args), nprocs=megatron_workers.WORLD, start_method="forkserver")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """``check(rank, rendezvous, *args)`` on 2 ranks forked from the package's forkserver (conftest.py);
+    they meet through the file `rendezvous`."""
+    with tempfile.TemporaryDirectory() as folder:
+        rendezvous = str(Path(folder) / "gloo.rendezvous")
+        mp.start_processes(
+            check, args=(rendezvous, *args), nprocs=megatron_workers.WORLD, start_method="forkserver"
+        )
 
 
 @pytest.mark.integration  # ranks forked from the forkserver, a gloo world

@@ -193,9 +193,8 @@ def test_gloo_reshard_matches_the_shard_cut_from_the_full_model(scenario: str, t
     job = workers.Scenario(
         architecture, config.to_dict(), str(state_path), train, infer, bucket_bytes, corrupt_check
     )
-    mp.start_processes(
-        workers.run, args=(WORLD, workers.free_port(), job), nprocs=WORLD, start_method="forkserver"
-    )
+    rendezvous = str(tmp_path / "gloo.rendezvous")  # a file: no port to race another process for
+    mp.start_processes(workers.run, args=(WORLD, rendezvous, job), nprocs=WORLD, start_method="forkserver")
 
 
 OLD_PERIOD = 65_521  # the old checksum's weights were position % 65521 + 1
@@ -222,8 +221,9 @@ def test_swapped_elements_inside_a_received_slice_are_caught(tmp_path: Path) -> 
     torch.save(state, state_path)
     probes = [[(1000, 1000 + OLD_PERIOD)]] + [_swap_pairs(seed, 16384 * 32) for seed in range(4)]
     job = workers.SwapProbes("Qwen2ForCausalLM", config.to_dict(), str(state_path), probes)
+    rendezvous = str(tmp_path / "gloo.rendezvous")
     mp.start_processes(
-        workers.run_swap_probes, args=(2, workers.free_port(), job), nprocs=2, start_method="forkserver"
+        workers.run_swap_probes, args=(2, rendezvous, job), nprocs=2, start_method="forkserver"
     )
 
 

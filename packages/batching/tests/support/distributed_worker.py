@@ -1,6 +1,7 @@
 """One rank of the gloo test: plan micro-batches with a process group, print the plan as JSON.
 
-Run as ``python distributed_worker.py RANK WORLD_SIZE PORT LENGTHS_JSON BUDGET``.
+Run as ``python distributed_worker.py RANK WORLD_SIZE INIT_FILE LENGTHS_JSON BUDGET``; the ranks meet
+through INIT_FILE (a file rendezvous: no port to race another process for).
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from entrepot.batching import plan_micro_batches
 
 
 def main() -> None:
-    rank, world_size, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    rank, world_size, init_file = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     lengths, budget = json.loads(sys.argv[4]), int(sys.argv[5])
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     try:
         plan = plan_micro_batches(lengths, budget, group=dist.group.WORLD)
         local = plan_micro_batches(lengths, budget)

@@ -8,7 +8,6 @@ it against HF.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -60,16 +59,14 @@ PARITY_CASES = ("GPT2LMHeadModel", "LlamaForCausalLM", "LlamaForCausalLM-tied-li
 """The cases ``check_parity`` runs in one world, each at TP=1 and TP=2."""
 
 
-def init_parallel(rank: int, port: int, tp: int = 1, pp: int = 1, seed: int = 0) -> None:
+def init_parallel(rank: int, rendezvous: str, tp: int = 1, pp: int = 1, seed: int = 0) -> None:
     """CPU mode, a gloo process group and megatron-core's parallel state (+ its RNG tracker)."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     assert enable_cpu_mode("cpu")
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    if not dist.is_initialized():  # a file rendezvous: no port to race another process for
+        dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=WORLD)
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
@@ -129,7 +126,7 @@ def _load_hf_weights(hf: Any, engine: Any, layout: Any, rank: int) -> dict[str, 
     return shard
 
 
-def check_parity(rank: int, port: int, out: str) -> None:
+def check_parity(rank: int, rendezvous: str, out: str) -> None:
     """Each of ``PARITY_CASES`` at TP=1 (DP=2) and TP=2, one case after another in this one world:
     HF weights loaded through ``hf_to_train`` + ``shard`` give HF's logits (at TP=2 this rank's vocab
     columns of them), and the shards gathered from both ranks come back through ``unshard`` +
@@ -150,7 +147,7 @@ def check_parity(rank: int, port: int, out: str) -> None:
         where = Path(out, case)
         where.mkdir(parents=True, exist_ok=True)
         try:
-            result = {f"tp{tp}": _logits_diff(rank, port, case, tp) for tp in (1, 2)}
+            result = {f"tp{tp}": _logits_diff(rank, rendezvous, case, tp) for tp in (1, 2)}
             result["round_trip"] = _round_trip_misses(rank, case)  # at TP=2, the last layout built
             # transformers saves on the global rank 0 only
             result["loaded_buffers"] = _buffers_after_loading(case, where / "hf") if rank == 0 else []
@@ -160,12 +157,12 @@ def check_parity(rank: int, port: int, out: str) -> None:
         Path(where, f"{rank}.json").write_text(json.dumps(result))
 
 
-def _logits_diff(rank: int, port: int, case: str, tp: int) -> float:
+def _logits_diff(rank: int, rendezvous: str, case: str, tp: int) -> float:
     """max |megatron - HF| over this rank's logits of `case` at TP=`tp` (the model stays loaded)."""
     from entrepot.resharding import ParallelLayout
     from entrepot.resharding.engines.megatron import MegatronTrainingEngine
 
-    init_parallel(rank, port, tp=tp)
+    init_parallel(rank, rendezvous, tp=tp)
     hf = hf_model(case)
     (model,) = megatron_chunks(hf.config, tp=tp, pp=1)
     engine = MegatronTrainingEngine(model)
@@ -216,7 +213,7 @@ def _round_trip_misses(rank: int, case: str) -> list[str]:
     return [n for n in names if n not in back or n not in state or not torch.equal(back[n], state[n])]
 
 
-def check_tied_pipeline(rank: int, port: int) -> None:
+def check_tied_pipeline(rank: int, rendezvous: str) -> None:
     """GPT-2 (tied embeddings) at PP=2: the engine's shard is the adaptor's (the last stage's
     ``output_layer.weight``, a copy of the embeddings, is not listed), megatron re-syncs that copy
     from the loaded embeddings, and resharding to TP=1 gives the HF model's inference layout."""
@@ -224,7 +221,7 @@ def check_tied_pipeline(rank: int, port: int) -> None:
     from entrepot.resharding.adaptors import get_adaptor
     from entrepot.resharding.engines.megatron import MegatronTrainingEngine
 
-    init_parallel(rank, port, pp=2)
+    init_parallel(rank, rendezvous, pp=2)
     hf = hf_model("GPT2LMHeadModel")
     (model,) = megatron_chunks(hf.config, tp=1, pp=2)
     engine = MegatronTrainingEngine(model)
@@ -244,12 +241,12 @@ def check_tied_pipeline(rank: int, port: int) -> None:
     assert all(torch.equal(infer[n], reference[n]) for n in reference)
 
 
-def check_gradient_clipping(rank: int, port: int) -> None:
+def check_gradient_clipping(rank: int, rendezvous: str) -> None:
     """The optimizer's ``clip_grad_by_total_norm_fp32`` scales CPU gradients by
     ``max_norm / (total_norm + 1e-6)`` when that is below 1, and leaves them alone otherwise."""
     import megatron.core.optimizer.optimizer as megatron_optimizer
 
-    init_parallel(rank, port)
+    init_parallel(rank, rendezvous)
     params = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2, 2))]
     for param in params:
         param.grad = torch.full_like(param, 2.0)
@@ -259,7 +256,7 @@ def check_gradient_clipping(rank: int, port: int) -> None:
     assert all(torch.allclose(p.grad, torch.full_like(p, 2.0 / (4.0 + 1e-6))) for p in params)
 
 
-def check_layouts(rank: int, port: int) -> None:
+def check_layouts(rank: int, rendezvous: str) -> None:
     """On 2 gloo ranks, for DP=2 (TP=1), TP=2 and PP=2 (Qwen2, untied): this rank's GPTModel shard
     has the global training names and shapes the adaptor cuts; loading HF weights by those names
     gives HF's logits (or this rank's vocab columns of them); resharding to TP=1 gives the
@@ -275,7 +272,7 @@ def check_layouts(rank: int, port: int) -> None:
     adaptor = get_adaptor("Qwen2ForCausalLM", hf.config)
     reference = adaptor.hf_to_infer({name: p.detach() for name, p in hf.named_parameters()})
     for tp, pp in ((1, 1), (2, 1), (1, 2)):
-        init_parallel(rank, port, tp=tp, pp=pp)
+        init_parallel(rank, rendezvous, tp=tp, pp=pp)
         layout = ParallelLayout(tp=tp, pp=pp)
         (model,) = megatron_chunks(hf.config, tp=tp, pp=pp)
         engine = MegatronTrainingEngine(model)
