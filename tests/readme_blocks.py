@@ -34,12 +34,22 @@ Runs = dict[str, "Future[subprocess.CompletedProcess[str]]"]
 
 
 def readme_blocks(readme: Path) -> list[Any]:
-    """One `pytest.param(needs, code)` per python block of `readme`, named by its index and line."""
+    """One `pytest.param(needs, code)` per python block of `readme`, named by its index and line.
+
+    A page other than README.md (a package's docs/*.md) adds its name to the id, so the blocks of a
+    README and of its docs pages can be parametrized together.
+    """
     text = readme.read_text()
+    page = "" if readme.name == "README.md" else f"{readme.stem}-"
     return [
-        pytest.param(m[1], m[2], id=f"readme-block-{i}-line-{text.count(chr(10), 0, m.start(2))}")
+        pytest.param(m[1], m[2], id=f"{page}readme-block-{i}-line-{text.count(chr(10), 0, m.start(2))}")
         for i, m in enumerate(BLOCK.finditer(text))
     ]
+
+
+def package_pages(package: Path) -> list[Path]:
+    """A package's README.md and its docs/*.md pages, whose code blocks are all tested."""
+    return [package / "README.md", *sorted((package / "docs").glob("*.md"))]
 
 
 def run_alone(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
