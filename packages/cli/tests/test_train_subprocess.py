@@ -135,6 +135,9 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_continues(tmp_path: Path) -> None:
         if process.poll() is not None:  # say why: its output
             early = process.communicate()[0]
             raise AssertionError(f"training ended before it could be interrupted:\n{early}")
+        if time.monotonic() >= deadline:  # a Ctrl-C now would land in start-up, not in a step
+            os.killpg(process.pid, signal.SIGKILL)
+            raise AssertionError(f"no step within 180 s:\n{process.communicate()[0]}")
         os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
         output, _ = process.communicate(timeout=120)
     finally:

@@ -34,9 +34,16 @@ def fail(message: str) -> NoReturn:
 
 def _grpo_error_types() -> tuple[type[BaseException], ...]:
     """entrepot.grpo's user-mistake errors, imported here so `rl --help` loads no library package."""
-    from entrepot.grpo.errors import CheckpointError, DataError, EvalError, GRPOConfigError, RewardError
+    from entrepot.grpo.errors import (
+        CheckpointError,
+        DataError,
+        EvalError,
+        GRPOConfigError,
+        RayStartError,
+        RewardError,
+    )
 
-    return (GRPOConfigError, DataError, CheckpointError, RewardError, EvalError)
+    return (GRPOConfigError, DataError, CheckpointError, RewardError, EvalError, RayStartError)
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ __all__ = [
     "GRPOError",
     "LogpMismatchError",
     "ModelImportError",
+    "RayStartError",
     "RewardError",
     "RewardModelError",
     "RolloutLostError",
@@ -120,6 +121,11 @@ class TemplateError(GRPOError, ValueError):
 class EnvironmentFailure(GRPOError, RuntimeError):
     """A multi-turn environment raised, timed out or returned something malformed, and
     ``multiturn.fail_fast`` is on (otherwise such a trajectory ends with the reason, and the step goes on)."""
+
+
+class RayStartError(GRPOError, RuntimeError):
+    """The run's local Ray did not come up within Ray's own start-up deadlines (an overloaded machine):
+    the message gives the load and what to do. Nothing was trained."""
 
 
 class StageError(GRPOError, RuntimeError):

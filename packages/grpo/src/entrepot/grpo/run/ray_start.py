@@ -18,13 +18,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from entrepot.grpo.embedded.threads import worker_env
+from entrepot.grpo.errors import RayStartError
 from entrepot.grpo.run.deployment import joins_a_cluster
 from entrepot.grpo.run.ray_session import record_session
 
 if TYPE_CHECKING:
     from entrepot.grpo.config import GRPOConfig
 
-__all__ = ["start_ray", "start_ray_while_importing"]
+__all__ = ["start_ray", "start_ray_while_importing", "start_timed_out"]
+
+# What ray.init raises (a bare Exception) when the node it started did not register in time.
+_RAY_START_TIMEOUT = "timed out during startup"
 
 
 def start_ray(config: GRPOConfig, run_dir: str | Path | None) -> None:
@@ -46,9 +50,30 @@ def start_ray(config: GRPOConfig, run_dir: str | Path | None) -> None:
                  logging_level="ERROR", log_to_driver=False)  # fmt: skip
     else:
         os.environ.update(env)
-        context = ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        try:
+            context = ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        except Exception as exc:
+            if _RAY_START_TIMEOUT not in str(exc):
+                raise
+            ray.shutdown()  # what did start of the node
+            raise start_timed_out(os.getloadavg()[0], os.cpu_count() or 1) from exc
         if run_dir is not None:
             record_session(Path(run_dir), context.address_info["session_dir"])
+
+
+def start_timed_out(load: float, cores: int) -> RayStartError:
+    """The error for a local Ray whose node missed Ray's fixed start-up deadlines.
+
+    Ray's raylet waits 15 s for its dashboard agent (a Python process importing Ray's dashboard
+    modules) to write its port files and aborts after that; the driver waits 30 s for the raylet.
+    Neither is configurable, and on a starved CPU the agent's imports take longer.
+    """
+    return RayStartError(
+        f"Ray's local node did not start: its raylet waits at most 15 s for its dashboard agent and "
+        f"the driver 30 s for the raylet, and this machine (load {load:.1f} on {cores} cores) was too "
+        "busy for them. Nothing was trained; run again when the machine is less busy, or without Ray "
+        "(resources.use_ray=false) where the config allows it"
+    )
 
 
 def start_ray_while_importing(config: GRPOConfig, run_dir: Path, modules: Sequence[str]) -> None:
