@@ -6,8 +6,9 @@ bound or listening, a server, a torch.distributed store or world, a shared-memor
 started, or bytes unpickled (pickle, cloudpickle, torch's object collectives, ``torch.load`` without
 ``weights_only=True``, yaml's unsafe loaders, ``numpy.load(allow_pickle=True)``). Each site is in
 `SITES` with what it opens, where it binds and what guards it, and every listener's module is named
-in entrepot-grpo's README security section ("Listeners and unpickling"). A site added without an
-entry, or an entry whose site is gone, fails `test_every_site_is_listed_and_every_entry_is_a_site`.
+in entrepot-grpo's README security section ("Listeners and unpickling") and in the full table of its
+docs/security.md. A site added without an entry, or an entry whose site is gone, fails
+`test_every_site_is_listed_and_every_entry_is_a_site`.
 
 Calls of the project's own modules (``_link.listen()``) are not primitives: the module they call is
 where the primitive is listed.
@@ -23,6 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 GRPO_README = ROOT / "packages" / "grpo" / "README.md"
+GRPO_SECURITY = ROOT / "packages" / "grpo" / "docs" / "security.md"  # the full table
 
 # (receiver, name) of a call; receiver None: any receiver but one of the project's own modules.
 _PRIMITIVES: dict[tuple[str | None, str], str] = {
@@ -288,11 +290,15 @@ def test_each_entry_says_what_it_opens_where_and_what_guards_it(site: tuple[str,
     assert ("0.0.0.0" not in entry.binds and "every interface" not in entry.binds) or entry.kind == "ray"
 
 
-def test_the_grpo_readme_names_every_listener() -> None:
-    """Each module that opens a port, a socket or shared memory is named in the security section."""
-    text = GRPO_README.read_text()
-    assert "### Listeners and unpickling" in text
-    section = text.split("### Listeners and unpickling", 1)[1].split("\n## ", 1)[0]
+@pytest.mark.parametrize(
+    ("page", "heading"), [(GRPO_README, "### "), (GRPO_SECURITY, "## ")], ids=["readme", "docs"]
+)
+def test_the_grpo_readme_names_every_listener(page: Path, heading: str) -> None:
+    """Each module that opens a port, a socket or shared memory is named in the security section of the
+    README (its list) and of docs/security.md (the full table)."""
+    text = page.read_text()
+    assert f"{heading}Listeners and unpickling" in text
+    section = text.split(f"{heading}Listeners and unpickling", 1)[1].split("\n## ", 1)[0]
     listeners = {m for (m, _, _), e in SITES.items() if e.kind in {"port", "unix socket", "shm", "ray"}}
     missing = sorted(m for m in listeners if m.rsplit("/", 1)[-1].removesuffix(".py") not in section)
-    assert not missing, f"the grpo README's 'Listeners and unpickling' does not name {missing}"
+    assert not missing, f"{page.name}'s 'Listeners and unpickling' does not name {missing}"

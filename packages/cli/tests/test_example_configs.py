@@ -33,7 +33,7 @@ RUN_BY = {
     "gpu-megatron-qwen2-0.5b.yaml": (
         "test_example_configs.py",
         "test_gpu_megatron_config_trains_one_step_on_cpu",
-        "ran on an H100 (grpo README); refused by validate here; trained 1 step on CPU with its "
+        "ran on an H100 (grpo docs/megatron.md); refused by validate here; trained 1 step on CPU with its "
         "shapes at 2 of its 24 layers (device, batch and depth overridden)",
     ),
     "lora.yaml": (
@@ -219,7 +219,7 @@ def test_gpu_megatron_config_trains_one_step_on_cpu(
     """The GPU example (Qwen2-0.5B's layer shapes) through megatron-core and the resharder on CPU.
 
     On a machine without CUDA, `validate` refuses the file as shipped, naming engine.device. The
-    whole 24-layer model ran on an H100 (entrepot-grpo's README, GPU figures); here 2 of its layers
+    whole 24-layer model ran on an H100 (entrepot-grpo's docs/megatron.md, GPU); here 2 of its layers
     keep the same code path at a tenth of the time.
     """
     import torch

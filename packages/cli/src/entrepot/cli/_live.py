@@ -52,7 +52,8 @@ def hacking_line(metrics: Mapping[str, Any]) -> str | None:
     parts = [f"{name} {_fmt(m.number(metrics, 'hacking/' + name))}" for name in flagged]
     since = m.number(metrics, "hacking/first_flag_step")
     first = "" if since is None else f" (first flagged at step {int(since)})"
-    return f"reward hacking? {', '.join(parts)}{first}: see the audit thresholds in the grpo README"
+    where = "the audit thresholds in entrepot-grpo's docs/checkpoints.md"
+    return f"reward hacking? {', '.join(parts)}{first}: see {where}"
 
 
 HACKING_FLAG = "hacking/flag/"

@@ -40,7 +40,7 @@ class AlgorithmConfig:
             "Policy loss: ppo_clip (token ratio, clipped), gspo (sequence ratio exp(mean log-ratio), "
             "clipped; use seq-mean-token-mean and small clips, e.g. 3e-4 / 4e-4) or cispo (REINFORCE "
             "with clipped stop-gradient IS weights; clip_low / clip_high bound the weight). Formulas: "
-            "the grpo README's loss table."
+            "the loss table in the grpo package's docs/losses.md."
         ),
     )
     entropy_coef: float = field(default=0.0, metadata=doc("Entropy bonus weight (subtracted from the loss)."))

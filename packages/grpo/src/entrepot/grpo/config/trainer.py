@@ -29,7 +29,7 @@ class TrainerConfig:
             "sync: rollout, reward, update, one after another each step. async: rollout runs "
             "continuously beside training (one process: a thread of its own), a step trains the "
             "oldest finished groups, new weights reach the rollout between its chunks (the grpo "
-            "README's 'Training modes')."
+            "package's docs/training-modes.md)."
         ),
     )
     max_staleness: int = field(

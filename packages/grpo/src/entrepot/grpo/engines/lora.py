@@ -5,7 +5,7 @@
 require gradients, so the optimizer (`algo.optim.build_optimizer`) holds state for them alone.
 `LoraTrainingEngine` gives the resharding path the merged weights W + (alpha / r) B A under the
 HF names, so every rollout engine (embedded, HF, vLLM) loads a plain model: the adapters are
-never sent alone (vLLM's adapter loading is not used; see the grpo README).
+never sent alone (vLLM's adapter loading is not used; see the grpo package's docs/engines.md, LoRA).
 """
 
 from __future__ import annotations
