@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import typing
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -148,3 +151,41 @@ def test_config_key_and_refusals() -> None:
         load_config(None, ["algorithm.advantage=rloo", "algorithm.normalize_std=false"])
     with pytest.raises(ValueError, match="known: grpo, dr_grpo, rloo"):
         choose_estimator("gae")
+
+
+TWO_STEPS = [
+    "max_steps=2", "resources.use_ray=false", "logging.tensorboard=false", "eval.every=0", "eval.num_prompts=8",
+    "rollout.prompts_per_step=4", "logging.samples_every=0", "checkpoint.save_every=0",
+]  # fmt: skip
+
+
+def _two_steps(run_dir: Path, *overrides: str) -> list[dict[str, Any]]:
+    from entrepot.grpo.trainer import Trainer
+
+    trainer = Trainer(load_config(None, [*TWO_STEPS, *overrides]), run_dir)
+    try:
+        return trainer.fit()
+    finally:
+        trainer.close()
+
+
+@pytest.mark.integration
+def test_estimators_train_end_to_end(tmp_path: Path) -> None:
+    """rloo and reinforce_pp run 2 steps on the embedded default, reinforce_pp_baseline multi-turn.
+
+    At the first step the update starts at the rollout's policy (ratio 1), so the token-mean PPO loss
+    is minus the token mean of the advantages: 0 for REINFORCE++ (whitened over exactly the tokens the
+    loss counts, the model's tokens in multi-turn), not 0 for RLOO (a mean over responses)."""
+    from tests_support_envs import CALCULATOR
+
+    rloo = _two_steps(tmp_path / "rloo", "algorithm.advantage=rloo")
+    plain = _two_steps(tmp_path / "plain", "algorithm.advantage=reinforce_pp")
+    multiturn = _two_steps(tmp_path / "multiturn", "algorithm.advantage=reinforce_pp_baseline", *CALCULATOR)
+    for rows in (rloo, plain, multiturn):
+        assert [r["step"] for r in rows] == [1, 2]
+        assert all(math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0 for r in rows)
+    assert rloo[1]["kl"] > 0 and plain[1]["kl"] > 0  # the first update moved the policy off the reference
+    assert abs(rloo[0]["pg_loss"]) > 1e-4
+    assert plain[0]["pg_loss"] == pytest.approx(0.0, abs=1e-5)
+    assert multiturn[0]["multiturn/env_token_frac"] > 0
+    assert multiturn[0]["pg_loss"] == pytest.approx(0.0, abs=1e-5)
