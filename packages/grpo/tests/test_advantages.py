@@ -154,8 +154,8 @@ def test_config_key_and_refusals() -> None:
 
 
 TWO_STEPS = [
-    "max_steps=2", "resources.use_ray=false", "logging.tensorboard=false", "eval.every=0", "eval.num_prompts=8",
-    "rollout.prompts_per_step=4", "logging.samples_every=0", "checkpoint.save_every=0",
+    "max_steps=2", "resources.use_ray=false", "logging.tensorboard=false", "eval.every=0",
+    "eval.num_prompts=8", "rollout.prompts_per_step=4", "logging.samples_every=0", "checkpoint.save_every=0",
 ]  # fmt: skip
 
 
