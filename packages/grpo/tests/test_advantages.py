@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import typing
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,18 @@ def test_config_key_and_refusals() -> None:
         load_config(None, ["algorithm.advantage=rloo", "algorithm.normalize_std=false"])
     with pytest.raises(ValueError, match="known: grpo, dr_grpo, rloo"):
         choose_estimator("gae")
+
+
+def test_the_docs_yaml_block_is_a_valid_config() -> None:
+    import yaml
+
+    from entrepot.grpo.config import config_from_dict
+
+    text = (Path(__file__).parents[1] / "docs" / "advantages.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)^```", text, re.M | re.S)
+    assert blocks
+    for block in blocks:
+        assert config_from_dict(yaml.safe_load(block)).algorithm.advantage == "reinforce_pp_baseline"
 
 
 TWO_STEPS = [
