@@ -6,7 +6,7 @@
     4-5. reference log-probs -> old log-probs (skipped when provably equal to the current ones: one
          epoch, one mini-batch); in the rollout's phase, or after it when the rows change (dynamic
          sampling)
-    6.   group advantages (here, in the driver)
+    6.   advantages (here, in the driver; `algorithm.advantage` chooses the estimator once)
     7.   actor update: each DP rank trains the rows planned for it, gradients summed over ranks
     8.   metrics, a few samples (every `logging.samples_every` steps), evaluation, clear
 
@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from entrepot.grpo.algo.losses import group_advantages, sequence_kl
+from entrepot.grpo.algo.advantages import choose_estimator
+from entrepot.grpo.algo.losses import row_sums, sequence_kl
 from entrepot.grpo.asynchronous import AsyncSampling
 from entrepot.grpo.audit import AuditTracker
 from entrepot.grpo.config import GRPOConfig
@@ -84,6 +85,9 @@ class GRPOStep:
             else choose_sampling(config.rollout, config.algorithm)
         )  # fmt: skip
         self.correction = resolve_correction(config.algorithm.correction, config.trainer.asynchronous)
+        self.estimator = choose_estimator(
+            self.algorithm.advantage, normalize_std=self.algorithm.normalize_std
+        )
         self._data_position = 0
         self._dock_totals: dict[str, float] = {}
         self.audit = AuditTracker(config.audit, config.data.task) if config.audit.enabled else None
@@ -119,7 +123,7 @@ class GRPOStep:
             explicit = rows if self.sampling.explicit_rows else None
             stage_stats += self._run(self._log_prob_stages(rows.numel() // n, explicit))
 
-        # 6. group advantages (driver-side consumer)
+        # 6. advantages (driver-side consumer)
         t_adv = time.perf_counter()
         scores, advantage_metrics = self._advantages(rows)
         t_adv = time.perf_counter() - t_adv
@@ -320,7 +324,8 @@ class GRPOStep:
     # -- 6-7: advantages and the update's plan --------------------------------------------------
 
     def _advantages(self, rows: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        """Group-normalised advantages of `rows` (one per response) into the dock; the scores and metrics."""
+        """Advantages of `rows` (one per response, by `algorithm.advantage`) into the dock; the scores
+        and metrics. The estimator's token counts are the model tokens of each response."""
         algo = self.algorithm
         if rows.numel() == 0:
             return torch.zeros(0), {}
@@ -329,24 +334,23 @@ class GRPOStep:
             "rm_scores",
             "response_length",
             *(["ref_log_prob", "old_log_prob"] if kl_in_reward else []),
-            *(["model_mask"] if kl_in_reward and self.multiturn else []),
+            *(["model_mask"] if self.multiturn else []),
         ]
         batch = self.dock.get("compute_advantage", columns, rows.numel(), indexes=rows, layout="packed",
                               timeout=self.resources.stage_timeout_s)  # fmt: skip
         assert batch is not None  # explicit rows are never "all consumed"
         scores = batch.columns["rm_scores"].float()  # [B], group after group
         rewards, metrics = scores, {}
+        lengths = batch.columns["response_length"]  # [B]
+        model_tokens = row_sums(batch.columns["model_mask"].long(), lengths) if self.multiturn else lengths
         if kl_in_reward:
-            lengths = batch.columns["response_length"]
             old, ref = batch.columns["old_log_prob"], batch.columns["ref_log_prob"]
             if self.multiturn:  # no KL at the environment's tokens
                 ref = torch.where(batch.columns["model_mask"].bool(), ref, old)
             kl = sequence_kl(old, ref, lengths, algo.kl_kind)  # [B]
             rewards = scores - algo.kl_coef * kl
             metrics["reward/kl_penalty"] = float((algo.kl_coef * kl).mean())
-        advantages = group_advantages(
-            rewards, self.rollout.n_samples_per_prompt, normalize_std=algo.normalize_std
-        )
+        advantages = self.estimator(rewards, self.rollout.n_samples_per_prompt, model_tokens)  # [B]
         self.dock.put({"advantages": advantages}, batch.indexes)
         return scores, metrics
 

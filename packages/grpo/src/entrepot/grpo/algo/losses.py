@@ -1,4 +1,4 @@
-"""GRPO maths on tensors: group advantages, KL estimators, the policy loss and its aggregation.
+"""GRPO maths on tensors: KL estimators, the policy loss and its aggregation.
 
 Nothing here knows about ranks, workers or the dock. Per-token values are flat [R] (the response
 tokens of B rows, row after row: `entrepot.grpo.algo.sequences`). Aggregation is a weight per token
@@ -15,6 +15,7 @@ from typing import Literal
 
 import torch
 
+from entrepot.grpo.algo.advantages import group_advantages  # re-exported: it lived here first
 from entrepot.grpo.algo.surrogates import SURROGATES, LossKind
 
 __all__ = [
@@ -31,30 +32,6 @@ __all__ = [
 
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 KLKind = Literal["k1", "abs", "mse", "low_var_kl", "k3", "clamped"]
-_EPS = 1e-6
-
-
-def group_advantages(rewards: torch.Tensor, group_size: int, *, normalize_std: bool = True) -> torch.Tensor:
-    """Group-normalised advantages: (r - mean of the prompt's group) / (std of the group + eps).
-
-    Args:
-        rewards: [B] scalar reward per response; consecutive runs of `group_size` share a prompt.
-        group_size: responses per prompt (G); B must be a multiple of it.
-        normalize_std: divide by the group std (unbiased, as in the GRPO paper); False only centres
-            (Dr. GRPO), which avoids up-weighting near-uniform groups.
-
-    Returns:
-        [B] advantages; a group whose rewards all agree gets zeros.
-    """
-    if rewards.dim() != 1 or rewards.numel() % group_size:
-        raise ValueError(
-            f"rewards shape {tuple(rewards.shape)} must be [B] with B a multiple of {group_size}"
-        )
-    grouped = rewards.float().view(-1, group_size)  # [B/G, G]
-    centred = grouped - grouped.mean(dim=1, keepdim=True)  # [B/G, G]
-    if normalize_std:
-        centred = centred / (grouped.std(dim=1, keepdim=True) + _EPS)
-    return centred.view(-1)
 
 
 def keep_varied_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

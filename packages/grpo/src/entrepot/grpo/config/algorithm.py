@@ -9,7 +9,9 @@ from typing import Literal
 from entrepot.grpo.config.correction import CorrectionConfig
 from entrepot.grpo.config.fields import check, check_choice, doc
 
-__all__ = ["AlgorithmConfig", "KLKind", "LossAgg", "LossKind"]
+__all__ = ["AdvantageKind", "AlgorithmConfig", "KLKind", "LossAgg", "LossKind"]
+
+AdvantageKind = Literal["grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"]
 
 KLKind = Literal["k1", "abs", "mse", "low_var_kl", "k3", "clamped"]
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
@@ -65,8 +67,18 @@ class AlgorithmConfig:
             "loss and do not count in the loss's normaliser (metric train/truncated_frac)."
         ),
     )
+    advantage: AdvantageKind = field(
+        default="grpo",
+        metadata=doc(
+            "Advantage estimator: grpo (group-normalised reward; normalize_std), rloo (leave-one-out "
+            "group baseline), reinforce_pp (REINFORCE++: the reward whitened over the step's model "
+            "tokens) or reinforce_pp_baseline (group mean subtracted, then whitened). Formulas: the "
+            "grpo docs' advantages page. gae is refused: it needs a value model (PPO critic)."
+        ),
+    )
     normalize_std: bool = field(
-        default=True, metadata=doc("Divide group-centred rewards by the group std (False = Dr. GRPO).")
+        default=True,
+        metadata=doc("grpo advantage: divide group-centred rewards by the group std (False = Dr. GRPO)."),
     )
     dynamic_sampling: bool = field(
         default=False,
@@ -123,6 +135,11 @@ class AlgorithmConfig:
         check_choice("algorithm.kl_kind", self.kl_kind, typing.get_args(KLKind))
         check_choice("algorithm.loss", self.loss, typing.get_args(LossKind))
         check_choice("algorithm.loss_agg", self.loss_agg, typing.get_args(LossAgg))
+        check(self.advantage != "gae", "algorithm.advantage", self.advantage,
+              "a built estimator: gae needs a value model (PPO critic), not available yet")  # fmt: skip
+        check_choice("algorithm.advantage", self.advantage, typing.get_args(AdvantageKind))
+        check(self.normalize_std or self.advantage == "grpo", "algorithm.normalize_std", self.normalize_std,
+              f"true unless algorithm.advantage='grpo' ({self.advantage!r} does not read it)")  # fmt: skip
         if self.loss_horizon is not None:
             check(self.loss_horizon >= 1, "algorithm.loss_horizon", self.loss_horizon, ">= 1 or null")
         check_choice("algorithm.lr_schedule", self.lr_schedule, ("constant", "cosine"))

@@ -55,7 +55,8 @@ class RolloutConfig:
             self.n_samples_per_prompt >= 2,
             "rollout.n_samples_per_prompt",
             self.n_samples_per_prompt,
-            ">= 2 (group normalisation needs a group)",
+            ">= 2 (the step trains prompt groups; the grpo, rloo and reinforce_pp_baseline advantages "
+            "compare a response with its group: rloo's baseline is the other n - 1)",
         )
         check(self.temperature > 0, "rollout.temperature", self.temperature, "> 0")
         check(0 < self.top_p <= 1, "rollout.top_p", self.top_p, "in (0, 1]")
