@@ -120,16 +120,21 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise GRPOConfigError(f"{key}: unsupported annotation {tp!r}")  # programmer error in this module
 
 
-@functools.cache
-def _dotted_keys(cls: Any = GRPOConfig, prefix: str = "") -> tuple[str, ...]:
-    """Every section and key of `cls` as a dotted name (`rollout`, `rollout.max_new_tokens`, ...)."""
+def _keys_of(cls: Any, prefix: str) -> list[str]:
+    """Every section and key of dataclass `cls` as a dotted name (`rollout`, `rollout.max_new_tokens`)."""
     keys: list[str] = []
     for name, tp in typing.get_type_hints(cls).items():
         key = f"{prefix}{name}"
         keys.append(key)
         if dataclasses.is_dataclass(tp):
-            keys += _dotted_keys(tp, f"{key}.")
-    return tuple(keys)
+            keys += _keys_of(tp, f"{key}.")
+    return keys
+
+
+@functools.cache
+def _dotted_keys() -> tuple[str, ...]:
+    """Every valid dotted key of `GRPOConfig` (computed once)."""
+    return tuple(_keys_of(GRPOConfig, ""))
 
 
 def _did_you_mean(where: str) -> str:
