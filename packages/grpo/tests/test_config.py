@@ -239,3 +239,24 @@ def test_the_rendezvous_port_is_free_and_outside_the_ephemeral_range() -> None:
     for port in ports:
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))  # free: binds
+
+
+@pytest.mark.parametrize(
+    ("overrides", "run_name"),
+    [
+        ([], "grpo-reverse"),
+        (["data.task=addition"], "grpo-addition"),
+        (["model.path=models/smollm2/", "data.task=jsonl", "data.train_path=data/gsm8k-train.jsonl"],
+         "grpo-smollm2-gsm8k-train"),  # a jsonl run on a local model is not named after the default task
+        (["model.path=models/smollm2", "data.task=word_problems"], "grpo-smollm2-word_problems"),
+        (["name=mine", "data.task=addition"], "mine"),  # a name given wins
+    ],
+)  # fmt: skip
+def test_the_run_name_comes_from_the_model_and_the_data(overrides: list[str], run_name: str) -> None:
+    assert load_config(None, overrides).run_name == run_name
+
+
+def test_an_empty_or_nested_name_is_refused() -> None:
+    for name in ("''", "a/b"):
+        with pytest.raises(GRPOConfigError, match=r"^name \(.*\) must be a non-empty name without '/'"):
+            load_config(None, [f"name={name}"])
