@@ -146,7 +146,7 @@ def _run_training(request: TrainRequest, started: float, on_folder: Callable[[Pa
         console.print()
     records = m.read_metrics(metrics_path)
     plot = write_plot(records, run_dir, config.run_name)
-    print_summary(console, result, records, run_dir, plot, time.perf_counter() - started)
+    print_summary(console, result, records, run_dir, plot, time.perf_counter() - started, config)
     if result.interrupted and result.checkpoint is None:  # stopped mid-step before the first save
         console.print("[yellow]interrupted before the first checkpoint[/]: there is nothing to resume")
         return INTERRUPTED_EXIT_CODE
