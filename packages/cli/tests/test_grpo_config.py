@@ -36,7 +36,10 @@ def test_show_applies_file_then_overrides(runner: CliRunner, tmp_path: Path) -> 
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["algorithm.kl_coeff=0.1"], "unknown key 'algorithm.kl_coeff'; allowed keys here: kl_coef"),
+        (
+            ["algorithm.kl_coeff=0.1"],
+            "unknown key 'algorithm.kl_coeff' (did you mean 'algorithm.kl_coef'?); allowed keys here: kl_",
+        ),
         (["rollout.n_samples_per_prompt=many"], "rollout.n_samples_per_prompt ('many') must be int"),
         (["algorithm.mini_batch_size=12"], "algorithm.mini_batch_size (12) must be a multiple of"),
         (["data.task=sorting"], "data.task ('sorting') must be one of"),

@@ -9,11 +9,13 @@ and check each `"./packages/<name>[<extras>]"` against packages/<name>/pyproject
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 import tomllib
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[3]
 PACKAGES = ("batching", "dock", "resharding", "grpo", "cli")
@@ -100,3 +102,58 @@ def test_no_message_outside_the_install_modules_names_an_entrepot_package_to_ins
         if hint.search(line)
     ]
     assert offenders == []
+
+
+# Each optional module `rl doctor` reports -> a config that needs it (None: no config does, or not one
+# `rl grpo config validate` checks on this machine: the NPU modules need an NPU device).
+_NEEDED_BY = {
+    "megatron.core": "engine.train=megatron",
+    "vllm": "engine.rollout=vllm",
+    "vllm_ascend": None,
+    "torch_npu": None,
+    "tensorboard": "logging.tensorboard=true",
+    "gguf": None,
+}
+
+
+def _missing(monkeypatch: pytest.MonkeyPatch, module: str) -> None:
+    """Make `module` (and its submodules) look uninstalled to `find_spec`, as on a bare machine."""
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: object) -> object:
+        return None if name == module or name.startswith(f"{module}.") else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+
+@pytest.mark.parametrize("module", [m for m, override in _NEEDED_BY.items() if override])
+def test_doctor_and_validate_name_the_same_command_for_an_extra(
+    runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str
+) -> None:
+    from entrepot.cli.app import app
+
+    override = _NEEDED_BY[module]
+    assert override is not None
+    _missing(monkeypatch, module)
+    config = tmp_path / "run.yaml"
+    config.write_text("max_steps: 1\n")
+    validate = runner.invoke(app, ["grpo", "config", "validate", str(config), override])
+    assert validate.exit_code == 2, validate.output
+    doctor = runner.invoke(app, ["doctor", "-c", str(config), override], env={"COLUMNS": "400"})
+    assert doctor.exit_code == 0, doctor.output
+    (row,) = [line for line in doctor.stdout.splitlines() if line.strip().startswith(f"{module} ")
+              and "to install it: " in line]  # fmt: skip
+    doctor_command = row.split("to install it: ", 1)[1].strip()
+    assert doctor_command in validate.stderr.replace("\n", " ")
+
+
+def test_every_extra_of_doctor_is_checked_against_its_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    from entrepot.cli._install import EXTRA_COMMANDS
+    from entrepot.grpo.engines import model_import
+    from entrepot.grpo.engines.model_import import ModelImportError
+
+    assert list(_NEEDED_BY) == list(EXTRA_COMMANDS)
+    _missing(monkeypatch, "gguf")  # `rl model import`'s refusal and doctor's gguf row agree too
+    with pytest.raises(ModelImportError) as refused:
+        model_import._require_extra()
+    assert str(refused.value).endswith(f"not installed: {EXTRA_COMMANDS['gguf']}")

@@ -162,6 +162,33 @@ def test_summary_reports_when_accuracy_first_reached_the_target(tmp_path: Path) 
     assert str(tmp_path / "ckpt") in text
 
 
+def _summary(configs_dir: Path, tmp_path: Path, final_reward: float, config_file: str | None) -> str:
+    from entrepot.cli._report import print_summary
+    from entrepot.grpo import TrainResult
+    from entrepot.grpo.config import load_config
+
+    rows = _rows(4)
+    rows[-1][m.REWARD] = final_reward
+    config = load_config(configs_dir / config_file if config_file else None)
+    result = TrainResult(run_dir=tmp_path, steps=4, final_metrics=rows[-1], checkpoint=None)
+    out = io.StringIO()
+    print_summary(Console(file=out, width=400), result, rows, tmp_path, None, 1.0, config)
+    return out.getvalue()
+
+
+def test_a_reward_negative_by_design_says_which_setting_makes_it_so(
+    configs_dir: Path, tmp_path: Path
+) -> None:
+    """dr-grpo.yaml's overlong shaping takes up to 0.5 from a response: a mean below 0 is expected."""
+    text = _summary(configs_dir, tmp_path, -0.125, "dr-grpo.yaml")
+    (line,) = [row for row in text.splitlines() if "below 0" in row]
+    assert "by design: reward.overlong_penalty (0.5) is taken from responses in the last" in line
+    assert "reward.overlong_buffer (3) tokens" in line
+    # not negative: nothing to say; the default's verifiers cannot go below 0
+    assert "below 0" not in _summary(configs_dir, tmp_path, 0.25, "dr-grpo.yaml")
+    assert "below 0" not in _summary(configs_dir, tmp_path, -0.125, None)
+
+
 def test_weight_sync_line_shows_reshard_and_logp_mismatch() -> None:
     assert weight_sync_line({"step": 1, "reward_mean": 0.5}) is None  # torch engines: nothing to show
     record = {"reshard/seconds": 0.031, "reshard/gbps": 0.02, "rollout/logp_mismatch_mean": 7.1e-8,

@@ -54,6 +54,28 @@ def test_samples_errors_exit_2_on_one_line(runner: CliRunner, tmp_path: Path) ->
     assert result.exit_code == 2 and "--step 5: no samples; sampled steps: 10, 20" in result.stderr
 
 
+def test_samples_are_blocks_that_fit_80_columns(runner: CliRunner, tmp_path: Path) -> None:
+    """However wide the terminal, a sample is a block of at most 80 columns: header, then each text."""
+    long = {**_record(30, 0), "prompt": "<|im_start|>user\n" + "How many apples are left? " * 12,
+            "response": "He has 12 + 7 = 19 apples, " * 8 + "#### 13", "answer": "13"}  # fmt: skip
+    (tmp_path / "samples.jsonl").write_text(json.dumps(long) + "\n" + json.dumps(_record(30, 2)) + "\n")
+    result = runner.invoke(app, ["grpo", "samples", str(tmp_path)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    headers = [line for line in lines if line.startswith("-- step 30")]
+    assert headers == [
+        "-- step 30  reward 0.000  correct no " + "-" * 43,
+        "-- step 30  reward 1.000  correct yes " + "-" * 42,
+    ]
+    first = lines[: lines.index(headers[1])]
+    assert first[1:4] == ["parts: partial_credit=0.000", "prompt:", "  <|im_start|>user"]
+    assert "response:" in first and "answer:" in first and first[first.index("answer:") + 1] == "  13"
+    # wrapped, not cut: the words of the response are all there, in order
+    response = first[first.index("response:") + 1 : first.index("answer:")]
+    assert " ".join(line.strip() for line in response) == long["response"]
+
+
 def test_live_display_shows_the_latest_sample_on_one_line() -> None:
     sample = {**_record(10, 1), "prompt": "a long\nprompt " * 20}
     assert sample_line(_record(10, 1)) == "sample: p10-1= -> r10-1 (reward 0.500)"

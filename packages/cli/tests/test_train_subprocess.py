@@ -111,7 +111,7 @@ def test_bad_yaml_key_exits_2_with_one_line(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stdout == ""
     assert done.stderr.strip().splitlines() == [
-        "error: unknown key 'algorithm.kl_coeff'; allowed keys here: "
+        "error: unknown key 'algorithm.kl_coeff' (did you mean 'algorithm.kl_coef'?); allowed keys here: "
         + done.stderr.split("allowed keys here: ")[1].strip()
     ]
     assert "Traceback" not in done.stderr

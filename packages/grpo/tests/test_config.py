@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,37 @@ def test_config_imports_no_other_wing() -> None:
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("entrepot.grpo."):
                 wing = node.module.split(".")[2]
                 assert wing in ("config", "errors"), f"{path.name} imports {node.module}"
+
+
+@pytest.mark.parametrize(
+    ("override", "nearest", "nearest_in_yaml"),
+    [
+        ("rollout.max_new_token=8", "rollout.max_new_tokens", None),  # a letter off
+        ("rollout.max_tokens=8", "rollout.max_new_tokens", None),  # a word left out
+        ("algorithm.max_new_tokens=8", "rollout.max_new_tokens", None),  # the right key, wrong section
+        ("lr=0.1", "algorithm.lr", None),
+        ("rollouts.temperature=0.5", "rollout.temperature", "rollout"),  # YAML: the section is unknown
+    ],
+)
+def test_a_mistyped_key_names_the_nearest_one(
+    tmp_path: Path, override: str, nearest: str, nearest_in_yaml: str | None
+) -> None:
+    """Both as a dotted override and as a YAML key the error suggests the valid key it is nearest."""
+    with pytest.raises(GRPOConfigError, match=rf"\(did you mean '{re.escape(nearest)}'\?\)"):
+        load_config(None, [override])
+    dotted, value = override.split("=")
+    *sections, key = dotted.split(".")
+    text = "".join(f"{'  ' * depth}{name}:\n" for depth, name in enumerate(sections))
+    (tmp_path / "typo.yaml").write_text(f"{text}{'  ' * len(sections)}{key}: {value}\n")
+    nearest = nearest_in_yaml or nearest
+    with pytest.raises(GRPOConfigError, match=rf"\(did you mean '{re.escape(nearest)}'\?\)"):
+        load_config(tmp_path / "typo.yaml")
+
+
+def test_a_key_near_none_lists_the_allowed_keys_only() -> None:
+    with pytest.raises(GRPOConfigError) as raised:
+        load_config(None, ["rollout.zzzz=1"])
+    assert str(raised.value).startswith("unknown key 'rollout.zzzz'; allowed keys here: prompts_per_step")
 
 
 def test_file_errors(tmp_path: Path) -> None:
@@ -207,3 +239,24 @@ def test_the_rendezvous_port_is_free_and_outside_the_ephemeral_range() -> None:
     for port in ports:
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))  # free: binds
+
+
+@pytest.mark.parametrize(
+    ("overrides", "run_name"),
+    [
+        ([], "grpo-reverse"),
+        (["data.task=addition"], "grpo-addition"),
+        (["model.path=models/smollm2/", "data.task=jsonl", "data.train_path=data/gsm8k-train.jsonl"],
+         "grpo-smollm2-gsm8k-train"),  # a jsonl run on a local model is not named after the default task
+        (["model.path=models/smollm2", "data.task=word_problems"], "grpo-smollm2-word_problems"),
+        (["name=mine", "data.task=addition"], "mine"),  # a name given wins
+    ],
+)  # fmt: skip
+def test_the_run_name_comes_from_the_model_and_the_data(overrides: list[str], run_name: str) -> None:
+    assert load_config(None, overrides).run_name == run_name
+
+
+def test_an_empty_or_nested_name_is_refused() -> None:
+    for name in ("''", "a/b"):
+        with pytest.raises(GRPOConfigError, match=r"^name \(.*\) must be a non-empty name without '/'"):
+            load_config(None, [f"name={name}"])

@@ -14,7 +14,7 @@ import torch
 from entrepot.grpo.config import load_config
 from entrepot.grpo.errors import GRPOConfigError
 from entrepot.grpo.run.metrics import check_wandb, is_measured, read_metrics
-from entrepot.grpo.run.samples import SamplesWriter, build_samples, pick_rows, read_samples
+from entrepot.grpo.run.samples import SamplesWriter, build_samples, pick_rows, read_samples, samples_due
 
 
 def test_pick_rows_takes_one_response_per_prompt_first() -> None:
@@ -22,6 +22,14 @@ def test_pick_rows_takes_one_response_per_prompt_first() -> None:
     assert pick_rows(rows, 4, 2).tolist() == [10, 14]
     assert pick_rows(rows, 4, 5).tolist() == [10, 14, 18, 11, 15]
     assert pick_rows(rows, 4, 50).tolist() == [10, 14, 18, 11, 15, 19, 12, 16, 20, 13, 17, 21]
+
+
+def test_samples_are_due_at_the_first_step_then_every_n() -> None:
+    """A 4-step run on the default (every 10) still writes the first step's samples."""
+    assert [step for step in range(1, 4 + 1) if samples_due(step, 10)] == [1]
+    assert [step for step in range(1, 31) if samples_due(step, 10)] == [1, 10, 20, 30]
+    assert [step for step in range(1, 5) if samples_due(step, 1)] == [1, 2, 3, 4]
+    assert not any(samples_due(step, 0) for step in range(1, 11))  # 0 = off
 
 
 def test_build_samples_scores_each_verifier_part() -> None:

@@ -47,6 +47,46 @@ def test_jsonl_records_and_missing_field(tmp_path: Path) -> None:
         read_records(path, "prompt", "a")
 
 
+GOOD = json.dumps({"prompt": "12=", "answer": "21"})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (f"{GOOD}\n" + json.dumps({"question": "1=", "answer": "1"}),  # line 2 has no prompt field
+         r"^data.train_path: .*p\.jsonl:2 has no field 'prompt' \(data.prompt_field\); its fields: "
+         r"question, answer; set data.prompt_field to the one that holds it$"),
+        (f"{GOOD}\n\n" + json.dumps({"prompt": "1="}),  # blank lines keep their numbers
+         r"^data.train_path: .*p\.jsonl:3 has no field 'answer' \(data.answer_field\)"),
+        (f"{GOOD}\n{{not json", r"^data.train_path: .*p\.jsonl:2 is not valid JSON: "),
+        (f'{GOOD}\n["12=", "21"]', r"^data.train_path: .*p\.jsonl:2 is a JSON list, not a record with "
+         r"fields 'prompt' and 'answer'$"),
+        (f'{GOOD}\n{{"prompt": "1=", "answer": null}}',
+         r"^data.train_path: .*p\.jsonl:2: field 'answer' \(data.answer_field\) is null$"),
+        ("", r"^data.train_path: prompt file '.*p\.jsonl' holds no records \(it is empty or blank\)$"),
+        ("\n  \n", r"^data.train_path: prompt file '.*p\.jsonl' holds no records"),
+    ],
+)  # fmt: skip
+def test_a_data_error_names_the_key_the_file_and_the_line(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_text(text)
+    with pytest.raises(DataError, match=message):
+        read_records(path, "prompt", "answer", "data.train_path")
+
+
+def test_the_eval_file_is_named_by_its_own_key(tmp_path: Path) -> None:
+    from entrepot.grpo.engines.models import load_pretrained
+
+    train, held = tmp_path / "train.jsonl", tmp_path / "held.jsonl"
+    train.write_text(f"{GOOD}\n")
+    held.write_text(f"{GOOD}\n" + json.dumps({"prompt": "1=", "solution": "1"}) + "\n")
+    model_dir = tiny_model_dir(tmp_path / "model")
+    config = load_config(None, [f"model.path={model_dir}", "data.task=jsonl", f"data.train_path={train}",
+                                f"data.eval_path={held}"])  # fmt: skip
+    with pytest.raises(DataError, match=r"^data.eval_path: .*held\.jsonl:2 has no field 'answer'"):
+        build_task(config, load_pretrained(model_dir)[1])
+
+
 def test_parquet_records(tmp_path: Path) -> None:
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq

@@ -12,7 +12,7 @@ from entrepot.cli._plot import PLOT_FILE, plot_curves
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from entrepot.grpo import TrainResult
+    from entrepot.grpo import GRPOConfig, TrainResult
 
 
 REACHED = 0.9  # the summary says when greedy accuracy first reached this
@@ -51,6 +51,24 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def negative_reward_causes(config: GRPOConfig) -> list[str]:
+    """The settings that take reward away, so that a mean below 0 reads as by design, not as a bug."""
+    reward, causes = config.reward, []
+    if reward.overlong_buffer and reward.overlong_penalty:
+        causes.append(
+            f"reward.overlong_penalty ({reward.overlong_penalty:g}) is taken from responses in the last "
+            f"reward.overlong_buffer ({reward.overlong_buffer}) tokens of the budget"
+        )
+    causes += [
+        f"reward.verifiers.{name} has a negative weight ({weight:g})"
+        for name, weight in reward.verifiers.items()
+        if weight < 0
+    ]
+    if reward.models:
+        causes.append("reward.models score without a floor (a reward model's score can be below 0)")
+    return causes
+
+
 def print_summary(
     console: Console,
     result: TrainResult,
@@ -58,8 +76,12 @@ def print_summary(
     run_dir: Path,
     plot: Path | None,
     wall_seconds: float,
+    config: GRPOConfig | None = None,
 ) -> None:
-    """A short table: steps, reward, accuracy, time, and where the outputs are."""
+    """A short table: steps, reward, accuracy, time, and where the outputs are.
+
+    With `config`, a final reward below 0 gets a row naming the settings that make it so.
+    """
     from rich.markup import escape
     from rich.table import Table
 
@@ -67,7 +89,11 @@ def print_summary(
     table.add_column(style="bold")
     table.add_column(overflow="fold")
     table.add_row("steps", str(int(_last(records, m.STEP) or 0)))
-    table.add_row("final reward (mean)", _fmt(_last(records, m.REWARD)))
+    final_reward = _last(records, m.REWARD)
+    table.add_row("final reward (mean)", _fmt(final_reward))
+    causes = negative_reward_causes(config) if config is not None else []
+    if final_reward is not None and final_reward < 0 and causes:
+        table.add_row("reward below 0", escape("by design: " + "; ".join(causes)))
     table.add_row("final accuracy", _fmt(_last(records, m.ACCURACY)))
     table.add_row("best accuracy", _fmt(_best(records, m.ACCURACY)))
     table.add_row(f"first accuracy >= {REACHED}", _first_reaching(records, m.ACCURACY, REACHED))

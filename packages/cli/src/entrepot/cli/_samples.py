@@ -1,11 +1,14 @@
 """`rl grpo samples RUN [--step N] [--last K]`: what the model generated, from RUN/samples.jsonl.
 
-The trainer writes a few prompts, responses and rewards every `logging.samples_every` steps
-(`entrepot.grpo.run.samples`); this prints them as a table. Imports rich inside the command.
+The trainer writes a few prompts, responses and rewards at the first step and every
+`logging.samples_every` steps (`entrepot.grpo.run.samples`); this prints them one block each, wrapped to
+fit an 80-column terminal (texts are long: a wide table folds them into unreadable slivers).
 """
 
 from __future__ import annotations
 
+import shutil
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -34,9 +37,9 @@ def samples(
         ),
     ] = None,
 ) -> None:
-    """Print the sampled prompts, responses, rewards and per-verifier parts of a run as a table.
+    """Print the sampled prompts, responses, rewards and per-verifier parts of a run, one block each.
 
-    A run writes them every `logging.samples_every` steps (default 10) to RUN/samples.jsonl.
+    A run writes them at step 1 and every `logging.samples_every` steps (default 10) to RUN/samples.jsonl.
     """
     with user_errors():
         records = select_samples(load_samples(run_dir), step, last)
@@ -76,23 +79,28 @@ def select_samples(
     return chosen[-last:] if last is not None else chosen
 
 
-def print_samples(records: Sequence[dict[str, Any]]) -> None:
-    """A rich table: step, prompt, response, answer, reward, its parts and accuracy."""
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
+WIDTH = 80  # the widest a block gets, however wide the terminal
 
-    table = Table(title="samples", show_lines=True)
-    table.add_column("step", justify="right")
+
+def format_sample(record: dict[str, Any], width: int = WIDTH) -> str:
+    """One sample as a block of lines at most `width` wide: a header (step, reward, correct, parts),
+    then the prompt, the response and the answer, each wrapped and indented (its own newlines kept)."""
+    correct = "yes" if record.get("accuracy", 0.0) >= 1.0 else "no"
+    parts = ", ".join(f"{name}={value:.3f}" for name, value in record.get("parts", {}).items())
+    header = f"-- step {record['step']}  reward {record['reward']:.3f}  correct {correct} "
+    lines = [header + "-" * max(0, width - len(header))]
+    if parts:
+        lines += textwrap.wrap(f"parts: {parts}", width, subsequent_indent="  ")
     for name in ("prompt", "response", "answer"):
-        table.add_column(name, overflow="fold")
-    table.add_column("reward", justify="right")
-    table.add_column("parts")
-    table.add_column("correct", justify="center")
-    for r in records:
-        parts = "\n".join(f"{name}={value:.3f}" for name, value in r.get("parts", {}).items())
-        table.add_row(
-            str(r["step"]), escape(r["prompt"]), escape(r["response"]), escape(r["answer"]),
-            f"{r['reward']:.3f}", escape(parts), "yes" if r.get("accuracy", 0.0) >= 1.0 else "no",
-        )  # fmt: skip
-    Console().print(table)
+        lines.append(f"{name}:")
+        for line in str(record[name]).splitlines() or [""]:
+            lines += textwrap.wrap(
+                line, width, initial_indent="  ", subsequent_indent="  ", drop_whitespace=False
+            ) or ["  "]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def print_samples(records: Sequence[dict[str, Any]]) -> None:
+    """Each record as a block (`format_sample`), at most 80 columns or the terminal's width."""
+    width = min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns)
+    typer.echo("\n\n".join(format_sample(r, width) for r in records))

@@ -89,7 +89,7 @@ def _run_training(request: TrainRequest, started: float, on_folder: Callable[[Pa
         run_dir = request.resume
     else:
         config = load_checked_config(request.config, request.overrides)
-        run_dir = unused_run_dir(request.output_dir, config.name)  # train() creates it after its checks
+        run_dir = unused_run_dir(request.output_dir, config.run_name)  # train() creates it after its checks
 
     from entrepot.cli._interrupt import StepBoundaryInterrupt
     from entrepot.cli._live import TrainDisplay
@@ -145,8 +145,8 @@ def _run_training(request: TrainRequest, started: float, on_folder: Callable[[Pa
     if display is None:
         console.print()
     records = m.read_metrics(metrics_path)
-    plot = write_plot(records, run_dir, config.name)
-    print_summary(console, result, records, run_dir, plot, time.perf_counter() - started)
+    plot = write_plot(records, run_dir, config.run_name)
+    print_summary(console, result, records, run_dir, plot, time.perf_counter() - started, config)
     if result.interrupted and result.checkpoint is None:  # stopped mid-step before the first save
         console.print("[yellow]interrupted before the first checkpoint[/]: there is nothing to resume")
         return INTERRUPTED_EXIT_CODE

@@ -18,6 +18,7 @@ __all__ = [
     "VLLM_CPU",
     "VLLM_GPU",
     "WANDB",
+    "install_command",
     "pip_install",
 ]
 
@@ -48,6 +49,29 @@ LORA = pip_install("lora")
 WANDB = pip_install("wandb")
 GGUF = pip_install("gguf")  # engines.model_import: transformers' GGUF reader
 TENSORBOARD = "pip install tensorboard"  # no extra: PyPI's tensorboard is all it takes
+VLLM = f"CPU: {VLLM_CPU}; GPU: {VLLM_GPU}"
+
+# The optional module a message finds missing -> the command that installs it.
+_MODULE_COMMANDS = {
+    "megatron.core": MEGATRON,
+    "vllm": VLLM,
+    "tensorboard": TENSORBOARD,
+    "peft": LORA,
+    "wandb": WANDB,
+    "gguf": GGUF,
+    "pyarrow": PARQUET,
+}
+
+
+def install_command(module: str) -> str:
+    """The command that installs optional `module` (`megatron.core`, `vllm`, ...).
+
+    One answer for every message: `rl grpo config validate` (the preflight) and `rl doctor` both ask here.
+    """
+    if module not in _MODULE_COMMANDS:
+        raise KeyError(f"no install command for {module!r}; known: {', '.join(_MODULE_COMMANDS)}")
+    return _MODULE_COMMANDS[module]
+
 
 # Every command a message of this package prints (the test reads this).
 COMMANDS = (MEGATRON, VLLM_GPU, VLLM_CPU, PARQUET, LORA, WANDB, GGUF, TENSORBOARD)

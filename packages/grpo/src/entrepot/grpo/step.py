@@ -8,7 +8,7 @@
          sampling)
     6.   advantages (here, in the driver; `algorithm.advantage` chooses the estimator once)
     7.   actor update: each DP rank trains the rows planned for it, gradients summed over ranks
-    8.   metrics, a few samples (every `logging.samples_every` steps), evaluation, clear
+    8.   metrics, a few samples (step 1, then every `logging.samples_every`), evaluation, clear
 
 Every stage is a dock consumer on a worker group (`entrepot.grpo.workers`): the step calls typed
 methods on groups and never asks whether they are Ray actors or objects in this process. With
@@ -35,7 +35,7 @@ from entrepot.grpo.data.sources import TaskSetup, encode_prompt
 from entrepot.grpo.engines.registry import choose_engines
 from entrepot.grpo.multiturn import EndReason
 from entrepot.grpo.run.metrics import dock_step_metrics, merge_rank_metrics
-from entrepot.grpo.run.samples import build_samples, pick_rows
+from entrepot.grpo.run.samples import build_samples, pick_rows, samples_due
 from entrepot.grpo.sampling import Sampling, StageStart, choose_sampling
 from entrepot.grpo.workers import (
     ActorWorker,
@@ -67,8 +67,8 @@ class GRPOStep:
         data_position: prompts drawn from the source so far (a checkpoint saves it).
         sampling: the sampling mode, chosen once.
 
-    A step whose number is a multiple of `logging.samples_every` also returns a few of its rows as
-    sample records (prompt, response, reward, per-verifier parts) under `SAMPLES_KEY`.
+    The first step, and a step whose number is a multiple of `logging.samples_every`, also return a few
+    of its rows as sample records (prompt, response, reward, per-verifier parts) under `SAMPLES_KEY`.
     """
 
     def __init__(self, config: GRPOConfig, cluster: Cluster, setup: TaskSetup) -> None:
@@ -144,10 +144,8 @@ class GRPOStep:
             columns = ["accuracy", "response_length", *self.sampling.columns]
             stats = self.dock.get("grpo_metrics", columns, rows.numel(), indexes=rows, layout="packed",
                                   timeout=self.resources.stage_timeout_s)  # fmt: skip
-        every = self.logging.samples_every
-        samples = (
-            self._samples(step + 1, rows) if every and (step + 1) % every == 0 and rows.numel() else None
-        )
+        due = samples_due(step + 1, self.logging.samples_every)
+        samples = self._samples(step + 1, rows) if due and rows.numel() else None
         audit_rows = self._audit_rows(rows, scores, stats) if self.audit is not None else {}
         dock_metrics = dock_step_metrics(self.dock.metrics(), self._dock_totals)
         self.sampling.clear(self.dock, rows)

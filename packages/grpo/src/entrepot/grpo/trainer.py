@@ -103,7 +103,8 @@ class Trainer:
         self.wandb: WandbWriter | None = None
         try:
             if config.logging.wandb:
-                self.wandb = WandbWriter(self.run_dir, config.logging, config.name, config_to_dict(config))
+                name, values = config.run_name, config_to_dict(config)
+                self.wandb = WandbWriter(self.run_dir, config.logging, name, values)
             self._wait([
                 self.actors.call(ActorWorker.ready), self.rewards.call(RewardWorker.ready),
                 *([self.cluster.references.call(ReferenceWorker.ready)] if self.cluster.references else []),

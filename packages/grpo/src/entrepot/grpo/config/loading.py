@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -118,13 +120,51 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise GRPOConfigError(f"{key}: unsupported annotation {tp!r}")  # programmer error in this module
 
 
+def _keys_of(cls: Any, prefix: str) -> list[str]:
+    """Every section and key of dataclass `cls` as a dotted name (`rollout`, `rollout.max_new_tokens`)."""
+    keys: list[str] = []
+    for name, tp in typing.get_type_hints(cls).items():
+        key = f"{prefix}{name}"
+        keys.append(key)
+        if dataclasses.is_dataclass(tp):
+            keys += _keys_of(tp, f"{key}.")
+    return keys
+
+
+@functools.cache
+def _dotted_keys() -> tuple[str, ...]:
+    """Every valid dotted key of `GRPOConfig` (computed once)."""
+    return tuple(_keys_of(GRPOConfig, ""))
+
+
+def _did_you_mean(where: str) -> str:
+    """`" (did you mean 'rollout.max_new_tokens'?)"` for the valid dotted key nearest `where`, or "".
+
+    In order: the one key elsewhere with the same last part (`lr` -> `algorithm.lr`), the closest
+    spelling in the same section (`difflib`), the closest dotted key anywhere (`algo.kl_coef`).
+    """
+    section, _, leaf = where.rpartition(".")
+    keys = [k for k in _dotted_keys() if not where.startswith(f"{k}.")]  # not its own section
+    same_leaf = [k for k in keys if k.rpartition(".")[2] == leaf]
+    siblings = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == section]
+    if len(same_leaf) == 1:
+        close = same_leaf
+    elif near := difflib.get_close_matches(leaf, siblings, n=1):
+        close = [f"{section}.{near[0]}" if section else near[0]]
+    else:
+        close = difflib.get_close_matches(where, keys, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _build(cls: Any, data: Mapping[str, Any], prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = [k for k in data if k not in names]
     if unknown:
         where = f"{prefix}.{unknown[0]}" if prefix else str(unknown[0])
-        raise GRPOConfigError(f"unknown key {where!r}; allowed keys here: {', '.join(names)}")
+        raise GRPOConfigError(
+            f"unknown key {where!r}{_did_you_mean(where)}; allowed keys here: {', '.join(names)}"
+        )
     kwargs: dict[str, Any] = {}
     for name, value in data.items():
         key = f"{prefix}.{name}" if prefix else name
@@ -169,7 +209,8 @@ def _apply_override(tree: dict[str, Any], override: str) -> None:
         hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
         if part not in hints or not dataclasses.is_dataclass(hints[part]):
             where = ".".join(parts[: depth + 1])
-            raise GRPOConfigError(f"unknown section {where!r} in override {override!r}")
+            hint = _did_you_mean(dotted) or _did_you_mean(where)
+            raise GRPOConfigError(f"unknown section {where!r} in override {override!r}{hint}")
         cls = hints[part]
         node = node.setdefault(part, {})
         if not isinstance(node, dict):

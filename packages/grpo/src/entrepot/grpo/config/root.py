@@ -10,6 +10,7 @@ synthetic tasks' token lengths is checked by `entrepot.grpo.data.checks` before 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import PurePath
 
 from entrepot.grpo.config import checks
 from entrepot.grpo.config.algorithm import AlgorithmConfig
@@ -32,8 +33,12 @@ __all__ = ["GRPOConfig"]
 class GRPOConfig:
     """The whole run. `GRPOConfig()` is the embedded default (reverse 8 digits on CPU)."""
 
-    name: str = field(
-        default="grpo-reverse", metadata=doc("Run name (prefix of the run directory the CLI creates).")
+    name: str | None = field(
+        default=None,
+        metadata=doc(
+            "Run name (prefix of the run directory the CLI creates); null = grpo-<model.path's folder>-"
+            "<data.train_path's stem or data.task>, e.g. grpo-reverse, grpo-smollm2-train."
+        ),
     )
     seed: int = field(default=0, metadata=doc("Seed of model init, data order and sampling."))
     max_steps: int = field(default=300, metadata=doc("GRPO steps to run."))
@@ -64,7 +69,8 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         check(self.max_steps >= 1, "max_steps", self.max_steps, ">= 1")
-        check(bool(self.name) and "/" not in self.name, "name", self.name, "a non-empty name without '/'")
+        if self.name is not None:
+            check(bool(self.name) and "/" not in self.name, "name", self.name, "a non-empty name without '/'")
         checks.check_reference(self.model, self.algorithm)
         checks.check_model_source(self.model, self.data)
         checks.check_batches(self.rollout, self.algorithm)
@@ -82,3 +88,15 @@ class GRPOConfig:
                            self.reward, self.model)  # fmt: skip
         checks.check_multiturn(self.multiturn, self.rollout, self.algorithm, self.parallel, self.data,
                                self.reward)  # fmt: skip
+
+    @property
+    def run_name(self) -> str:
+        """`name`, or one taken from the model and the data: a jsonl run on a local model is not
+        called after the default task (`grpo-smollm2-train`, not `grpo-reverse`)."""
+        if self.name is not None:
+            return self.name
+        parts = ["grpo"]
+        if self.model.path is not None:
+            parts.append(PurePath(self.model.path).name)
+        parts.append(PurePath(self.data.train_path).stem if self.data.train_path else self.data.task)
+        return "-".join(part for part in parts if part)

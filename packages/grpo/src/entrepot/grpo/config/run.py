@@ -62,8 +62,8 @@ class LoggingConfig:
     samples_every: int = field(
         default=10,
         metadata=doc(
-            "Every N steps write a few sampled prompts, responses, rewards and per-verifier parts to "
-            "samples.jsonl in the run directory (0 = off)."
+            "At the first step and then every N steps write a few sampled prompts, responses, rewards "
+            "and per-verifier parts to samples.jsonl in the run directory (0 = off)."
         ),
     )
     samples_per_step: int = field(

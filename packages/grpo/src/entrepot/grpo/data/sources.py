@@ -31,35 +31,55 @@ if TYPE_CHECKING:
 __all__ = ["FileDataset", "TaskSetup", "build_task", "encode_prompt", "read_records"]
 
 
-def read_records(path: str | Path, prompt_field: str, answer_field: str) -> list[Sample]:
-    """Samples from a .jsonl or .parquet file whose records hold the two named fields."""
-    file = Path(path)
+def read_records(
+    path: str | Path, prompt_field: str, answer_field: str, key: str | None = None
+) -> list[Sample]:
+    """Samples from a .jsonl or .parquet file whose records hold the two named fields.
+
+    Raises:
+        DataError: a missing or empty file, a line that is not a JSON object, a record without a
+            field or with a null one; the message starts with `key` (the config key that names the
+            file, e.g. ``data.train_path``), gives the file and line (a parquet file: the row) and the
+            key to change (``data.prompt_field`` / ``data.answer_field``).
+    """
+    file, at = Path(path), f"{key}: " if key else ""
     if not file.is_file():
-        raise DataError(f"prompt file {str(file)!r} does not exist")
-    records: list[dict[str, Any]]
+        raise DataError(f"{at}prompt file {str(file)!r} does not exist")
+    rows: list[tuple[str, Any]]  # (where in the file, record)
     if file.suffix == ".parquet":
         try:
             import pyarrow.parquet as pq  # type: ignore[import-not-found, import-untyped, unused-ignore]
         except ImportError:
             raise DataError(f"reading parquet needs pyarrow: {_install.PARQUET}") from None
-        records = pq.read_table(file).to_pylist()
+        rows = [(f"{file} row {i}", r) for i, r in enumerate(pq.read_table(file).to_pylist(), start=1)]
     else:
-        records = []
+        rows = []
         for line_no, line in enumerate(file.read_text().splitlines(), start=1):
             if not line.strip():
                 continue
             try:
-                records.append(json.loads(line))
+                rows.append((f"{file}:{line_no}", json.loads(line)))
             except json.JSONDecodeError as exc:
-                raise DataError(f"{file}:{line_no} is not valid JSON: {exc.msg}") from None
+                raise DataError(f"{at}{file}:{line_no} is not valid JSON: {exc.msg}") from None
+    if not rows:
+        raise DataError(f"{at}prompt file {str(file)!r} holds no records (it is empty or blank)")
+    fields = {prompt_field: "data.prompt_field", answer_field: "data.answer_field"}
     samples = []
-    for i, record in enumerate(records):
-        for name in (prompt_field, answer_field):
+    for where, record in rows:
+        if not isinstance(record, dict):
+            raise DataError(
+                f"{at}{where} is a JSON {type(record).__name__}, not a record with fields "
+                f"{prompt_field!r} and {answer_field!r}"
+            )
+        for name, setting in fields.items():
             if name not in record:
-                raise DataError(f"{file} record {i} has no field {name!r}; fields: {', '.join(record)}")
+                raise DataError(
+                    f"{at}{where} has no field {name!r} ({setting}); its fields: {', '.join(record)}; "
+                    f"set {setting} to the one that holds it"
+                )
+            if record[name] is None:
+                raise DataError(f"{at}{where}: field {name!r} ({setting}) is null")
         samples.append(Sample(prompt=str(record[prompt_field]), answer=str(record[answer_field])))
-    if not samples:
-        raise DataError(f"prompt file {str(file)!r} holds no records")
     return samples
 
 
@@ -159,8 +179,12 @@ def build_task(config: GRPOConfig, tokenizer: Any | None = None) -> TaskSetup:
         problems = WordProblems(data.word_problems, seed=config.seed)
         return TaskSetup(tokenizer=tokenizer, source=problems, max_new_tokens=budget, use_chat_template=chat)
     assert data.train_path is not None  # checked by DataConfig
-    train = read_records(data.train_path, data.prompt_field, data.answer_field)
-    held = read_records(data.eval_path, data.prompt_field, data.answer_field) if data.eval_path else []
+    train = read_records(data.train_path, data.prompt_field, data.answer_field, "data.train_path")
+    held = (
+        read_records(data.eval_path, data.prompt_field, data.answer_field, "data.eval_path")
+        if data.eval_path
+        else []
+    )
     return TaskSetup(
         tokenizer=tokenizer,
         source=FileDataset(train, held, seed=config.seed, shuffle=data.shuffle),

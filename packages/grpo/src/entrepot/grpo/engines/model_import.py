@@ -102,7 +102,7 @@ def _require_extra() -> None:
     if missing:
         raise ModelImportError(
             f"importing a GGUF file needs {' and '.join(missing)}, which "
-            f"{'is' if len(missing) == 1 else 'are'} not installed: {_install.GGUF}"
+            f"{'is' if len(missing) == 1 else 'are'} not installed: {_install.install_command('gguf')}"
         )
 
 

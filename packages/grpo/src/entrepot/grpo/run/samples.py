@@ -1,4 +1,4 @@
-"""What the model generates: a few prompts, responses and rewards every `logging.samples_every` steps.
+"""What the model generates: a few prompts, responses and rewards at step 1 and every `logging.samples_every`.
 
 Each sample is one JSON line of `RUN/samples.jsonl`:
 
@@ -23,9 +23,17 @@ import torch
 
 from entrepot.grpo.data import rewards
 
-__all__ = ["SAMPLES_FILE", "SamplesWriter", "build_samples", "pick_rows", "read_samples"]
+__all__ = ["SAMPLES_FILE", "SamplesWriter", "build_samples", "pick_rows", "read_samples", "samples_due"]
 
 SAMPLES_FILE = "samples.jsonl"
+
+
+def samples_due(step: int, every: int) -> bool:
+    """Whether step `step` (1-based) writes samples: the first step, then every `every` (0 = never).
+
+    The first step is sampled so that a short run (fewer steps than `every`) still shows what it generates.
+    """
+    return every > 0 and (step == 1 or step % every == 0)
 
 
 def pick_rows(rows: torch.Tensor, n_samples_per_prompt: int, count: int) -> torch.Tensor:
