@@ -57,10 +57,15 @@ def read_records(path: str | Path, prompt_field: str, answer_field: str) -> list
         for name in (prompt_field, answer_field):
             if name not in record:
                 raise DataError(f"{file} record {i} has no field {name!r}; fields: {', '.join(record)}")
-        samples.append(Sample(prompt=str(record[prompt_field]), answer=str(record[answer_field])))
+        samples.append(Sample(prompt=str(record[prompt_field]), answer=_text(record[answer_field])))
     if not samples:
         raise DataError(f"prompt file {str(file)!r} holds no records")
     return samples
+
+
+def _text(value: Any) -> str:
+    """A field's text: a list or a mapping as JSON (``code_tests`` reads a ``tests`` list so), else str."""
+    return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
 
 
 class FileDataset:

@@ -15,6 +15,7 @@ test is Python source executed in the program's namespace (an ``assert`` line, o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -31,10 +32,8 @@ def main() -> None:
     def report(line: str, *, why: bool = False) -> None:
         os.write(fd, line.encode() + b"\n")
         if why:  # the reason into the program's output (which may be full: then it is lost)
-            try:
+            with contextlib.suppress(OSError):
                 traceback.print_exc(limit=-1)
-            except OSError:
-                pass
 
     try:
         code = compile(source, "solution.py", "exec")
@@ -48,7 +47,7 @@ def main() -> None:
     except MemoryError:
         report("memory")
         return
-    except BaseException:  # noqa: BLE001 - a program that raises (or exits) at its top level
+    except BaseException:  # a program that raises (or exits) at its top level
         report("error", why=True)
         return
     report("loaded")
@@ -57,7 +56,7 @@ def main() -> None:
             exec(compile(test, f"test_{i}", "exec"), namespace)
         except MemoryError:
             report(f"memory {i}")
-        except BaseException:  # noqa: BLE001 - a failed assert, an exception, a sys.exit in the code
+        except BaseException:  # a failed assert, an exception, a sys.exit in the code
             report(f"fail {i}", why=True)
         else:
             report(f"pass {i}")

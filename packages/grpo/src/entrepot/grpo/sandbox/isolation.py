@@ -49,15 +49,18 @@ def isolation() -> Isolation:
         (Path(root) / "program.py").write_text("")
         (Path(root) / "tests.json").write_text("[]")
         (Path(root) / "work").mkdir()
-        spec = {"isolate": True, "workdir": str(Path(root) / "work"), "disk_mb": 1, "limits": limits.rlimits(),
-                "harness": str(_HERE / "_harness.py"),
-                "harness_args": ["1", str(Path(root) / "program.py"), str(Path(root) / "tests.json")]}  # fmt: skip
+        spec = {
+            "isolate": True, "workdir": str(Path(root) / "work"), "disk_mb": 1, "limits": limits.rlimits(),
+            "harness": str(_HERE / "_harness.py"),
+            "harness_args": ["1", str(Path(root) / "program.py"), str(Path(root) / "tests.json")],
+        }  # fmt: skip
         done = subprocess.run(
             [sys.executable, "-I", "-S", "-B", str(_HERE / "_launcher.py"), json.dumps(spec)],
             capture_output=True, env={"PATH": "/usr/bin:/bin"}, timeout=30, check=False,
         )  # fmt: skip
     if done.returncode == 0 and done.stdout.strip().splitlines()[-1:] == [b"done"]:
         return Isolation(True)
-    reason = (done.stderr.decode(errors="replace").strip() or f"exit status {done.returncode}").splitlines()[-1]
-    _log.warning("sandbox: no isolation on this machine (%s); programs run under resource limits only", reason)
+    lines = done.stderr.decode(errors="replace").strip().splitlines()
+    reason = lines[-1] if lines else f"exit status {done.returncode}"
+    _log.warning("sandbox: no isolation on this machine (%s); programs run under the limits only", reason)
     return Isolation(False, reason)

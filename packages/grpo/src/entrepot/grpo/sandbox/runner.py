@@ -11,6 +11,7 @@ pid 1 (which takes the namespace with it), gets SIGKILL. The verdict is read fro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,10 +22,11 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import IO
 
 from entrepot.grpo.sandbox.isolation import isolation
 from entrepot.grpo.sandbox.limits import SandboxLimits
-from entrepot.grpo.sandbox.verdicts import SandboxResult, Verdict, read_verdict
+from entrepot.grpo.sandbox.verdicts import SandboxResult, read_verdict
 
 __all__ = ["run_many", "run_program"]
 
@@ -71,10 +73,11 @@ def run_program(
     return SandboxResult(verdict, passed, len(tests), seconds, returncode, head, isolate)
 
 
-def _launch(base: Path, workdir: Path, limits: SandboxLimits, isolate: bool, output: object,
-            report: object) -> tuple[int | None, bool]:  # fmt: skip
+def _launch(
+    base: Path, workdir: Path, limits: SandboxLimits, isolate: bool, output: IO[bytes], report: IO[bytes]
+) -> tuple[int | None, bool]:
     """Start the launcher, wait until it ends or the deadline passes; (exit status, timed out)."""
-    fd = report.fileno()  # type: ignore[attr-defined]
+    fd = report.fileno()
     spec = {
         "isolate": isolate,
         "workdir": str(workdir),
@@ -86,7 +89,7 @@ def _launch(base: Path, workdir: Path, limits: SandboxLimits, isolate: bool, out
     env = {**_ENV, "HOME": str(workdir), "TMPDIR": str(workdir)}
     proc = subprocess.Popen(
         [sys.executable, "-I", "-S", "-B", str(_HERE / "_launcher.py"), json.dumps(spec)],
-        stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, pass_fds=(fd,), env=env,  # type: ignore[arg-type]
+        stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, pass_fds=(fd,), env=env,
         cwd=base, start_new_session=True,
     )  # fmt: skip
     timed_out = False
@@ -108,17 +111,13 @@ def _kill_namespace(pid: int) -> None:
     except OSError:
         return
     for child in children:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(int(child), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _kill_group(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def run_many(
@@ -132,5 +131,8 @@ def run_many(
     if isolate is None:
         isolate = isolation().available  # probed once, before the threads start
     with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(programs) or 1))) as pool:
-        futures = [pool.submit(run_program, p, t, limits, isolate=isolate) for p, t in zip(programs, tests)]
+        futures = [
+            pool.submit(run_program, p, t, limits, isolate=isolate)
+            for p, t in zip(programs, tests, strict=True)
+        ]
         return [f.result() for f in futures]

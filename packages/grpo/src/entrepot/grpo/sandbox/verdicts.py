@@ -9,7 +9,7 @@ from dataclasses import dataclass
 __all__ = ["SandboxResult", "Verdict", "read_verdict"]
 
 
-class Verdict(str, enum.Enum):
+class Verdict(enum.StrEnum):
     """How a program's run against its tests ended (the value is its name in metrics and configs)."""
 
     PASS = "pass"  # every test passed
