@@ -15,6 +15,7 @@ __all__ = [
     "RewardError",
     "RewardModelError",
     "RolloutLostError",
+    "SandboxError",
     "StageError",
     "TemplateError",
     "UnknownRewardError",
@@ -50,6 +51,11 @@ class ModelImportError(DataError):
 
 class RewardError(GRPOError, ValueError):
     """A reward verifier could not be registered, resolved or applied."""
+
+
+class SandboxError(RewardError):
+    """A sandbox limit is out of range, the isolation a run requires is missing on this machine, or a
+    program's tests are not a list of Python sources; the message names the limit, step or row."""
 
 
 class RewardModelError(GRPOError, ValueError):

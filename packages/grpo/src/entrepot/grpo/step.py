@@ -30,7 +30,7 @@ from entrepot.grpo.asynchronous import AsyncSampling
 from entrepot.grpo.audit import AuditTracker
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.config.correction import resolve as resolve_correction
-from entrepot.grpo.data import rewards
+from entrepot.grpo.data import code_tests, rewards
 from entrepot.grpo.data.sources import TaskSetup, encode_prompt
 from entrepot.grpo.engines.registry import choose_engines
 from entrepot.grpo.multiturn import EndReason
@@ -93,6 +93,7 @@ class GRPOStep:
         self.audit = AuditTracker(config.audit, config.data.task) if config.audit.enabled else None
         if self.logging.samples_every:  # the parts score here too (the reward workers may be elsewhere)
             rewards.resolve_custom(config.reward.custom)
+            code_tests.configure(config.reward.code)
 
     @property
     def data_position(self) -> int:

@@ -6,7 +6,55 @@ from dataclasses import dataclass, field
 
 from entrepot.grpo.config.fields import check, doc
 
-__all__ = ["RewardConfig"]
+__all__ = ["CODE_VERDICTS", "CodeRewardConfig", "RewardConfig"]
+
+# the sandbox's verdicts (entrepot.grpo.sandbox.Verdict; config imports no other wing)
+CODE_VERDICTS = ("pass", "fail", "timeout", "crash", "memory", "syntax")
+
+
+@dataclass(kw_only=True)
+class CodeRewardConfig:
+    """The ``code_tests`` verifier: the sandbox's limits and how a run's verdict becomes a reward."""
+
+    timeout_s: float = field(
+        default=5.0, metadata=doc("Wall seconds a program and its tests may run (also its CPU-second limit).")
+    )
+    memory_mb: int = field(default=512, metadata=doc("Address space a program may use (RLIMIT_AS), in MB."))
+    output_kb: int = field(
+        default=1024, metadata=doc("Largest file, stdout and stderr included, a program may write, in KB.")
+    )
+    partial_credit: bool = field(
+        default=True,
+        metadata=doc("Reward = passed tests / total tests (any verdict); false: 1 if all passed, else 0."),
+    )
+    verdict_scores: dict[str, float] = field(
+        default_factory=dict,
+        metadata=doc(
+            "A fixed reward for a verdict in place of the tests' credit, e.g. {syntax: -0.5, timeout: 0}. "
+            "Verdicts: " + ", ".join(CODE_VERDICTS) + "."
+        ),
+    )
+    max_workers: int = field(
+        default=8, metadata=doc("Programs run at once: a batch of N takes about N / max_workers deadlines.")
+    )
+    require_isolation: bool = field(
+        default=False,
+        metadata=doc(
+            "Refuse to run programs where the machine does not allow the sandbox's namespaces (no network, "
+            "read-only filesystem); false: run them under the resource limits only, counted in metrics."
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        check(0.1 <= self.timeout_s <= 600, "reward.code.timeout_s", self.timeout_s, "in [0.1, 600] seconds")
+        check(self.memory_mb >= 64, "reward.code.memory_mb", self.memory_mb, ">= 64 (the interpreter)")
+        check(self.output_kb >= 1, "reward.code.output_kb", self.output_kb, ">= 1")
+        check(self.max_workers >= 1, "reward.code.max_workers", self.max_workers, ">= 1")
+        for verdict, value in self.verdict_scores.items():
+            check(verdict in CODE_VERDICTS, "reward.code.verdict_scores", verdict,
+                  "a verdict: " + ", ".join(CODE_VERDICTS))  # fmt: skip
+            check(isinstance(value, (int, float)) and not isinstance(value, bool) and value == value,
+                  f"reward.code.verdict_scores.{verdict}", value, "a number")  # fmt: skip
 
 
 @dataclass(kw_only=True)
@@ -18,7 +66,8 @@ class RewardConfig:
         metadata=doc(
             "Verifier name -> weight. Built in: exact_match, gsm8k (the number after '####'; none, 0), "
             "gsm8k_lenient (gsm8k, or the last number without '####'), boxed_math (the last \\boxed{}), "
-            "format, partial_credit. The math ones compare with math-verify against the gold answer's "
+            "format, partial_credit, code_tests (runs the response's code against the row's tests: "
+            "reward.code). The math ones compare with math-verify against the gold answer's "
             "'#### 72', \\boxed{72} or plain 72."
         ),
     )
@@ -51,6 +100,10 @@ class RewardConfig:
     overlong_penalty: float = field(
         default=1.0,
         metadata=doc("Reward a response of the full budget loses (with overlong_buffer)."),
+    )
+
+    code: CodeRewardConfig = field(
+        default_factory=CodeRewardConfig, metadata=doc("The code_tests verifier's sandbox (docs/sandbox.md).")
     )
 
     def __post_init__(self) -> None:

@@ -7,6 +7,8 @@ Built in:
 - ``boxed_math``: the response's last ``\\boxed{...}`` equals the gold answer; no box, 0.
 - ``format``: 1 if the response has a ``####`` answer line or a ``\\boxed{}``, else 0.
 - ``partial_credit``: fraction of answer positions the response gets right (fixed-width answers).
+- ``code_tests``: the response's Python code run against the row's tests in the sandbox
+  (`code_tests`: the answer is a JSON list of tests; the reward, passed / total).
 
 The math verifiers (``gsm8k``, ``gsm8k_lenient``, ``boxed_math``) read the gold answer one way
 (`math_answers.gold_answer`: ``#### 72``, ``\\boxed{72}`` or a plain ``72`` alike) and compare with
@@ -25,6 +27,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from entrepot.grpo.data import code_tests as _code
 from entrepot.grpo.data.math_answers import (
     LAST_NUMBER,
     PLAIN_NUMBER,
@@ -94,14 +97,30 @@ def resolve_custom(custom: Mapping[str, str]) -> None:
             register_verifier(name, fn)
 
 
-def score(responses: Sequence[str], answers: Sequence[str], weights: Mapping[str, float]) -> list[float]:
-    """Weighted sum of the named verifiers for each (response, answer) pair."""
+def score(
+    responses: Sequence[str], answers: Sequence[str], weights: Mapping[str, float],
+    scored: Mapping[str, Sequence[float]] | None = None,
+) -> list[float]:  # fmt: skip
+    """Weighted sum of the named verifiers for each (response, answer) pair.
+
+    A verifier with a ``score_batch`` method (``code_tests``) scores the whole batch in one call; one in
+    `scored` is not called again (its scores of these rows, e.g. from the reward worker's one run).
+    """
     if len(responses) != len(answers):
         raise RewardError(f"{len(responses)} responses but {len(answers)} answers")
-    fns = [(name, get_verifier(name), float(w)) for name, w in weights.items()]
     check_gold_answers(weights, answers)
-    return [sum(w * _finite(name, fn(r, a), r) for name, fn, w in fns)
-            for r, a in zip(responses, answers, strict=True)]  # fmt: skip
+    totals = [0.0] * len(responses)
+    for name, weight in weights.items():
+        fn = get_verifier(name)
+        if scored is not None and name in scored:
+            values: Sequence[object] = scored[name]
+        elif hasattr(fn, "score_batch"):
+            values = fn.score_batch(responses, answers)
+        else:
+            values = [fn(r, a) for r, a in zip(responses, answers, strict=True)]
+        for i, (value, response) in enumerate(zip(values, responses, strict=True)):
+            totals[i] += float(weight) * _finite(name, value, response)
+    return totals
 
 
 def _finite(name: str, value: object, response: str) -> float:
@@ -126,8 +145,11 @@ _GOLD_NUMERIC = {"gsm8k": True, "gsm8k_lenient": True, "boxed_math": False}
 def check_gold_answers(verifiers: Iterable[str], answers: Sequence[str]) -> None:
     """Raise `RewardError` naming the verifier and the row if a math verifier in `verifiers` cannot
     read one of `answers` (rows count from 0); other verifiers take any answer. Each answer is read
-    once (cached), so a scoring step after this check reads nothing again."""
+    once (cached), so a scoring step after this check reads nothing again. ``code_tests`` answers must
+    be JSON lists of tests (`code_tests.check_tests`)."""
     for name in verifiers:
+        if name == _code.CODE_TESTS:
+            _code.check_tests(answers)
         numeric = _GOLD_NUMERIC.get(name)
         if numeric is None:
             continue
@@ -197,3 +219,4 @@ for _name, _fn in {
     "partial_credit": partial_credit,
 }.items():
     register_verifier(_name, _fn)
+register_verifier(_code.CODE_TESTS, _code.code_tests)

@@ -79,8 +79,13 @@ def read_records(
                 )
             if record[name] is None:
                 raise DataError(f"{at}{where}: field {name!r} ({setting}) is null")
-        samples.append(Sample(prompt=str(record[prompt_field]), answer=str(record[answer_field])))
+        samples.append(Sample(prompt=str(record[prompt_field]), answer=_text(record[answer_field])))
     return samples
+
+
+def _text(value: Any) -> str:
+    """A field's text: a list or a mapping as JSON (``code_tests`` reads a ``tests`` list so), else str."""
+    return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
 
 
 class FileDataset:

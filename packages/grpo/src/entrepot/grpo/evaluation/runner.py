@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from entrepot.grpo.data import rewards
+from entrepot.grpo.data import code_tests, rewards
 from entrepot.grpo.data.sources import TaskSetup, encode_prompt
 from entrepot.grpo.engines.base import RolloutEngine, SamplingParams
 from entrepot.grpo.errors import EvalError
@@ -129,8 +129,12 @@ def _responses(
     ids = [r.tolist() for r in out.responses()]
     texts = [tok.decode(r, skip_special_tokens=True) for r in ids]
     answers = [s.answer for _, _, s in jobs]
-    scores = rewards.score(texts, answers, reward.verifiers)
-    correct = rewards.score(texts, answers, {reward.accuracy_verifier: 1.0})
+    code_tests.configure(reward.code)  # this process's sandbox limits (the actor's, evaluating)
+    scored: dict[str, list[float]] = {}
+    if code_tests.CODE_TESTS in (*reward.verifiers, reward.accuracy_verifier):  # the programs run once
+        scored[code_tests.CODE_TESTS] = code_tests.code_tests.score_batch(texts, answers)
+    scores = rewards.score(texts, answers, reward.verifiers, scored)
+    correct = rewards.score(texts, answers, {reward.accuracy_verifier: 1.0}, scored)
     return [
         EvalRecord(i, j, s.prompt, s.answer, text, float(score), bool(c >= 1.0), len(r),
                    _end_reason(r, tok.eos_token_id, params.stop_token_ids))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from entrepot.grpo.data import rewards
+from entrepot.grpo.data import code_tests, rewards
 from entrepot.grpo.errors import CheckpointError, EvalError
 from entrepot.grpo.evaluation.dataset import EvalSet, eval_set, task_setup
 from entrepot.grpo.evaluation.records import header, write_eval
@@ -76,6 +76,7 @@ def prepare(
     config = replace(config, engine=replace(config.engine, rollout=cast(Any, name), max_logp_mismatch=None))
     target = replace(target, config=config)
     rewards.resolve_custom(config.reward.custom)  # the run's own verifiers score its responses here too
+    code_tests.configure(config.reward.code)
     check_reward_names(config.reward, config.audit.format_check)
     if temperature is None:
         temperature = config.rollout.temperature if samples > 1 else 0.0

@@ -131,6 +131,10 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
     check_task_fits(config)
     rewards.resolve_custom(config.reward.custom)  # user verifiers import here, as in the reward workers
     check_reward_names(config.reward, config.audit.format_check)
+    if config.reward.code.require_isolation and "code_tests" in config.reward.verifiers:
+        from entrepot.grpo.sandbox import isolation
+
+        isolation().require()  # SandboxError naming the failed step, before anything starts
     tokenizer, hf_config = None, None
     if config.model.path is not None:
         from entrepot.grpo.engines.model_import import check_not_quantized

@@ -7,7 +7,9 @@ Each sample is one JSON line of `RUN/samples.jsonl`:
 
 `reward` is the step's reward of the row (`rm_scores`: the verifiers' weighted sum, plus reward models
 and overlong shaping when configured); `parts` is each verifier's weighted share of it, scored again
-here for the few rows written. Decoding and scoring draw no random numbers: a run that writes samples
+here for the few rows written. With ``code_tests`` a record also has the program's run:
+``"code": {"verdict": "timeout", "passed": 1, "total": 3}`` (`entrepot.grpo.sandbox.Verdict`).
+Decoding and scoring draw no random numbers: a run that writes samples
 trains exactly as one that does not. A resumed run drops the samples of the steps it repeats
 (`SamplesWriter.truncate`), as `metrics.jsonl` does.
 """
@@ -21,7 +23,7 @@ from typing import Any
 
 import torch
 
-from entrepot.grpo.data import rewards
+from entrepot.grpo.data import code_tests, rewards
 
 __all__ = ["SAMPLES_FILE", "SamplesWriter", "build_samples", "pick_rows", "read_samples", "samples_due"]
 
@@ -63,9 +65,15 @@ def build_samples(
     accuracy: Sequence[float],
     verifiers: Mapping[str, float],
 ) -> list[dict[str, Any]]:
-    """One record per row: its texts, reward, accuracy and each verifier's weighted part of the reward."""
-    parts = {name: rewards.score(responses, answers, {name: weight}) for name, weight in verifiers.items()}
-    return [
+    """One record per row: its texts, reward, accuracy and each verifier's weighted part of the reward
+    (and the ``code_tests`` run's verdict)."""
+    scored: dict[str, list[float]] = {}
+    runs = []
+    if code_tests.CODE_TESTS in verifiers:  # run once: its part and its verdict
+        runs = code_tests.code_tests.judge(responses, answers)
+        scored[code_tests.CODE_TESTS] = [code_tests.code_tests.reward(r) for r in runs]
+    parts = {name: rewards.score(responses, answers, {name: w}, scored) for name, w in verifiers.items()}
+    records = [
         {
             "step": step,
             "prompt": prompts[i],
@@ -77,6 +85,9 @@ def build_samples(
         }
         for i in range(len(prompts))
     ]
+    for record, run in zip(records, runs, strict=False):
+        record["code"] = {"verdict": run.verdict.value, "passed": run.passed, "total": run.total}
+    return records
 
 
 class SamplesWriter:

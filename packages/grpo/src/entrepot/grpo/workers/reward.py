@@ -2,6 +2,8 @@
 
 Its output is the reward stage's whatever the mix: `rm_scores` (the verifiers' weighted sum plus the
 reward models' `model_scores` when `reward.models` is set) and `accuracy` (the accuracy verifier).
+With ``code_tests`` the programs run once per row (the weighted sum and the accuracy share the run),
+and the stage's metrics count the verdicts (`code_tests.verdict_metrics`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 from entrepot.dock import Batch, DockClient
 from entrepot.grpo.algo.shaping import overlong_penalty
 from entrepot.grpo.config import GRPOConfig
-from entrepot.grpo.data import rewards
+from entrepot.grpo.data import code_tests, rewards
 from entrepot.grpo.data.sources import build_task
 from entrepot.grpo.embedded.threads import configure_threads
 from entrepot.grpo.workers._model_rewards import MODEL_SCORES
@@ -70,6 +72,7 @@ class RewardWorker:
         self.rank = rank or RankInfo(rank=0, world_size=1)
         self.reader = DockReader(self.rank, config.resources.stage_timeout_s)
         rewards.resolve_custom(config.reward.custom)
+        code_tests.configure(config.reward.code)
         tokenizer = None
         if config.model.path is not None:
             from entrepot.grpo.engines.models import load_tokenizer
@@ -87,16 +90,18 @@ class RewardWorker:
         """Score unscored responses, up to `count` rows at a time; put `rm_scores` and `accuracy`."""
         t0 = time.perf_counter()
         n = self.config.rollout.n_samples_per_prompt
+        stats: dict[str, float] = {}
         for batch in self.reader.batches(dock, "rule_reward", self._columns, count, min_count=n):
-            self._score(dock, batch)
-        return {"time/reward": time.perf_counter() - t0}
+            for key, value in self._score(dock, batch).items():
+                stats[key] = stats.get(key, 0.0) + value
+        return {"time/reward": time.perf_counter() - t0, **stats}
 
     @stage("rule_reward")
     def score_rows(self, dock: DockClient, rows: Sequence[int]) -> dict[str, float]:
         """Score exactly `rows` (asynchronous training: the rollout scores each group as it finishes)."""
         t0 = time.perf_counter()
-        self._score(dock, self.reader.take(dock, "rule_reward", self._columns, rows))
-        return {"time/reward": time.perf_counter() - t0}
+        stats = self._score(dock, self.reader.take(dock, "rule_reward", self._columns, rows))
+        return {"time/reward": time.perf_counter() - t0, **stats}
 
     @property
     def _columns(self) -> list[str]:
@@ -105,10 +110,11 @@ class RewardWorker:
         with_models = bool(self.config.reward.models)  # the reward-model stage's column
         return ["responses", "response_length", "answer", *([MODEL_SCORES] if with_models else [])]
 
-    def _score(self, dock: DockClient, batch: Batch) -> None:
+    def _score(self, dock: DockClient, batch: Batch) -> dict[str, float]:
+        """Put the batch's scores; returns its verdict counts (``code_tests``), else nothing."""
         if self.config.multiturn.enabled:
             self._score_trajectories(dock, batch)
-            return
+            return {}
         reward = self.config.reward
         ids = batch.columns["responses"].tolist()
         texts = [
@@ -117,14 +123,20 @@ class RewardWorker:
         ]
         raw = batch.columns["answer"].to(torch.uint8).numpy().tobytes()
         answers = [_text(raw[start:end]) for start, end in _bounds(batch.lengths["answer"])]
-        scores = torch.tensor(rewards.score(texts, answers, reward.verifiers), dtype=torch.float32)
+        scored: dict[str, list[float]] = {}
+        stats: dict[str, float] = {}
+        if code_tests.CODE_TESTS in (*reward.verifiers, reward.accuracy_verifier):
+            results = code_tests.code_tests.judge(texts, answers)
+            scored[code_tests.CODE_TESTS] = [code_tests.code_tests.reward(r) for r in results]
+            stats = code_tests.verdict_metrics(results)
+        scores = torch.tensor(rewards.score(texts, answers, reward.verifiers, scored), dtype=torch.float32)
         if reward.models:
             scores += batch.columns[MODEL_SCORES].float()
         if reward.overlong_buffer:  # DAPO's soft overlong punishment
             scores += overlong_penalty(
                 batch.lengths["responses"], self.budget, reward.overlong_buffer, reward.overlong_penalty
             )
-        correct = rewards.score(texts, answers, {reward.accuracy_verifier: 1.0})
+        correct = rewards.score(texts, answers, {reward.accuracy_verifier: 1.0}, scored)
         dock.put(
             {
                 "rm_scores": scores,
@@ -132,6 +144,7 @@ class RewardWorker:
             },
             batch.indexes,
         )
+        return stats
 
     def _score_trajectories(self, dock: DockClient, batch: Batch) -> None:
         """Multi-turn rows: the environment's reward is the reward (the config refuses reward models
