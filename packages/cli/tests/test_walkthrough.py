@@ -1,8 +1,8 @@
-"""The README's "Train on your own model and data" runs as written: validate, train, samples, export, load.
+"""docs/models.md's walkthrough runs as written: validate, train, samples, export, load.
 
 The test writes what a user brings to the paths the walkthrough names: a tiny Qwen2 whose byte-level
 BPE tokenizer is trained here with `tokenizers` (and given a chat template), and a GSM8K-format jsonl.
-Then it runs the README's bash block unchanged, from a folder whose `packages` is the checkout's.
+Then it runs that section's bash block unchanged, from a folder whose `packages` is the checkout's.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = pytest.mark.integration  # subprocesses and a training run
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "models.md"
 PACKAGES = Path(__file__).resolve().parents[2]
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
@@ -27,7 +27,7 @@ CHAT_TEMPLATE = (
 
 
 def _walkthrough() -> str:
-    section = README.read_text().split("## Train on your own model and data", 1)[1]
+    section = PAGE.read_text().split("## Train on your own model and data", 1)[1]
     match = re.search(r"```bash\n(.*?)```", section, re.S)
     assert match is not None, "the walkthrough's bash block"
     return match.group(1)

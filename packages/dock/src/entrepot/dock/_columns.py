@@ -224,7 +224,7 @@ class SequenceColumn:
 
         Bookkeeping and copy are apart so that a put can do the bookkeeping of all its columns before
         it moves any bulk bytes: after a copy of a few MiB, the small tensor ops that follow run from
-        cold caches (many times slower; see the README's benchmark notes), and this way they pay that
+        cold caches (many times slower; see BENCHMARKS.md's notes), and this way they pay that
         once per put, not once per column.
         """
         if room is not None and room.kept is None:
