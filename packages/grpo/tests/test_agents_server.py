@@ -202,8 +202,8 @@ def test_the_agent_rollout_trains_on_the_tokens_the_agent_was_served(engine: GPT
             (Row(p, a, i), TOKENIZER.encode(p))
             for i, (p, a) in enumerate([("12+34=", "046"), ("5+6=", "11")])
         ]
-        trajectories, metrics = rollout.run(engine, starts * 4, SAMPLING, pad_token_id=0,
-                                            generator=torch.Generator().manual_seed(0), version=3)  # fmt: skip
+        generator = torch.Generator().manual_seed(0)
+        trajectories, metrics = rollout.run(engine, starts * 4, SAMPLING, pad_token_id=0, generator=generator)
     finally:
         rollout.close()
     assert metrics["multiturn/trajectories"] == 8 and metrics["multiturn/env_failures"] == 0
