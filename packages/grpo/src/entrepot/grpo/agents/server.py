@@ -80,7 +80,11 @@ class AgentServer:
     # -- lifecycle ------------------------------------------------------------------------------
 
     def start(self, host: str = "127.0.0.1") -> AgentServer:
-        """Listen on a free port of `host` (loopback) in a daemon thread; returns once it answers."""
+        """Listen on a free port of `host` (loopback) in a daemon thread; returns once it answers.
+
+        A wildcard `host` (every interface) is refused: the token is the only guard, so keep it local."""
+        if host in ("", "0.0.0.0", "::"):
+            raise ValueError(f"the agent server binds one address, not the wildcard {host!r}")
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind((host, 0))
         self.port = sock.getsockname()[1]
