@@ -39,7 +39,7 @@ def load_agent(spec: str, key: str = "multiturn.agent") -> Agent:
         raise GRPOConfigError(
             f"{key} ({spec!r}) must be an async function (client, row) -> float, got {type(agent).__name__}"
         )
-    return agent  # type: ignore[no-any-return]
+    return agent
 
 
 def build_rollout(config: MultiTurnConfig, tokenizer: Any) -> TrajectoryRollout | None:

@@ -24,7 +24,6 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-import httpx
 import openai
 import torch
 
@@ -108,17 +107,12 @@ class AgentRollout:
 
     async def _episodes(self, names: list[str], rows: list[Row]) -> list[_Outcome]:
         slots = asyncio.Semaphore(self.config.agent_concurrency)
-        limits = httpx.Limits(max_connections=self.config.agent_concurrency)
-        async with httpx.AsyncClient(trust_env=False, limits=limits, timeout=None) as http:
-            return list(
-                await asyncio.gather(
-                    *(self._episode(http, slots, n, r) for n, r in zip(names, rows, strict=True))
-                )
-            )
+        # one connection pool for every episode, the environment's proxies ignored (the server is local)
+        async with openai.DefaultAsyncHttpxClient(trust_env=False, timeout=None) as http:
+            episodes = (self._episode(http, slots, n, r) for n, r in zip(names, rows, strict=True))
+            return list(await asyncio.gather(*episodes))
 
-    async def _episode(
-        self, http: httpx.AsyncClient, slots: asyncio.Semaphore, name: str, row: Row
-    ) -> _Outcome:
+    async def _episode(self, http: Any, slots: asyncio.Semaphore, name: str, row: Row) -> _Outcome:
         limit = self.config.agent_timeout_s
         async with slots:
             client = openai.AsyncOpenAI(
