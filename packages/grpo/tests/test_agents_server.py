@@ -255,3 +255,13 @@ def test_the_agent_path_and_its_exclusivity_are_checked_naming_the_key() -> None
         MultiTurnConfig(agent="a:b", agent_timeout_s=0)
     assert calculate("#", "12+34=", 3) == "046" and calculate("1+2#", "12+34=", 3) == "003"
     assert calculate("x#", "12+34=", 3) == "?"
+
+
+def test_the_preflight_imports_the_agent_before_the_run() -> None:
+    from entrepot.grpo import load_config
+    from entrepot.grpo.run.preflight import check_inputs
+
+    with pytest.raises(
+        GRPOConfigError, match=r"multiturn.agent \('no_such_pkg.agents:solve'\) cannot be imported"
+    ):
+        check_inputs(load_config(None, ["multiturn.agent=no_such_pkg.agents:solve"]))
