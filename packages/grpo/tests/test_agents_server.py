@@ -264,4 +264,9 @@ def test_the_preflight_imports_the_agent_before_the_run() -> None:
     with pytest.raises(
         GRPOConfigError, match=r"multiturn.agent \('no_such_pkg.agents:solve'\) cannot be imported"
     ):
-        check_inputs(load_config(None, ["multiturn.agent=no_such_pkg.agents:solve"]))
+        overrides = [
+            "multiturn.agent=no_such_pkg.agents:solve",
+            "multiturn.max_tokens=24",
+            "data.num_digits=4",
+        ]
+        check_inputs(load_config(None, overrides))
