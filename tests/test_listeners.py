@@ -142,6 +142,16 @@ SITES: dict[tuple[str, str, str], Entry] = {
         "as join_world's socket",
     ),
     ("grpo/engines/rollout_vllm.py", "_own_cpu_shm_names", "broadcast_object_list"): _TORCH_WORLD,
+    ("grpo/agents/server.py", "AgentServer.start", "socket.socket"): Entry(
+        "port",
+        "127.0.0.1 on a free port (the host given; a wildcard is refused), while the run's agent "
+        "rollout lives (multiturn.agent)",
+        "a bearer token per run (secrets.token_urlsafe, compared with hmac.compare_digest) on every "
+        "request; JSON in and out, nothing unpickled",
+    ),
+    ("grpo/agents/server.py", "AgentServer.start", ".bind"): Entry(
+        "port", "as AgentServer.start's socket", "as AgentServer.start's socket"
+    ),
     ("grpo/run/ray_start.py", "start_ray", "ray.init"): Entry(
         "ray",
         "Ray's own servers (every interface, Ray's choice)",

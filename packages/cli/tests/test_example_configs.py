@@ -52,6 +52,11 @@ RUN_BY = {
         "test_async_config_trains_with_the_rollout_beside_it",
         "4 steps, one process; tokens at most one version stale, corrected",
     ),
+    "agent-calculator.yaml": (
+        "../../grpo/tests/test_agents_training.py",
+        "test_the_agent_calculator_config_trains_two_steps",
+        "2 small steps, one process; the example agent drives every trajectory through the openai client",
+    ),
     "calculator.yaml": (
         "test_example_configs.py",
         "test_calculator_config_learns_to_call_the_tool",

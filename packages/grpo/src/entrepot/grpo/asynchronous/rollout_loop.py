@@ -35,7 +35,7 @@ from entrepot.grpo.asynchronous.ledger import Ledger
 from entrepot.grpo.engines.base import RolloutEngine, SamplingParams
 from entrepot.grpo.engines.weight_sync import WeightMailbox
 from entrepot.grpo.errors import RolloutLostError, WeightSyncError
-from entrepot.grpo.multiturn import MultiTurnRollout
+from entrepot.grpo.multiturn.runner import TrajectoryRollout
 from entrepot.grpo.workers._partial_rollout import partial_round
 from entrepot.grpo.workers._rollout import MultiTurnTotals, trajectory_columns, trajectory_starts
 
@@ -113,7 +113,7 @@ class RolloutLoop:
         self, engine: RolloutEngine, sampling: SamplingParams, dock: Any, ledger: Ledger,
         mailbox: WeightMailbox, admit: Admit, score: Score, *, group_size: int, slots: int,
         chunk_tokens: int, pad_token_id: int, generator: torch.Generator, name: str = "rollout rank 0",
-        multiturn: MultiTurnRollout | None = None,
+        multiturn: TrajectoryRollout | None = None,
     ) -> None:  # fmt: skip
         self.engine, self.sampling, self.dock, self.ledger = engine, sampling, dock, ledger
         self.mailbox, self.admit, self.score = mailbox, admit, score
@@ -238,8 +238,10 @@ class RolloutLoop:
         rows = torch.tensor([s.row for s in active], dtype=torch.int64)
         texts = self.dock.peek(["prompt_text", "answer"], rows, layout="packed")
         starts = trajectory_starts(texts, [s.prompt for s in active])
-        trajectories, metrics = self.multiturn.run(self.engine, starts, self.sampling, pad_token_id=self.pad,
-                                                   generator=self.generator)  # fmt: skip
+        trajectories, metrics = self.multiturn.run(
+            self.engine, starts, self.sampling, pad_token_id=self.pad, generator=self.generator,
+            version=self.version,
+        )  # fmt: skip
         columns = trajectory_columns(trajectories)
         lengths = columns["response_length"]
         versions = torch.full((int(lengths.sum()),), self.version, dtype=torch.int32)

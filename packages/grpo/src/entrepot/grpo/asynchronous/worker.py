@@ -75,9 +75,9 @@ class RolloutWorker:
 
     def start(self, dock: Any, step: int) -> None:
         """Start the rollout thread (once weights of version `step` are or will be in the mailbox)."""
+        from entrepot.grpo.agents import build_rollout
         from entrepot.grpo.engines.base import SamplingParams
         from entrepot.grpo.engines.policy import sampling_generator
-        from entrepot.grpo.multiturn import build_multiturn
 
         config, tok = self.config, self.setup.tokenizer
         rollout = config.rollout
@@ -94,7 +94,7 @@ class RolloutWorker:
             slots=config.trainer.rollout_slots or (config.trainer.max_staleness + 1) * rollout.batch_size,
             chunk_tokens=config.trainer.chunk_tokens, pad_token_id=int(tok.pad_token_id),
             generator=sampling_generator(config.seed + step), name=self.name,
-            multiturn=build_multiturn(config.multiturn, tok),
+            multiturn=build_rollout(config.multiturn, tok),
         )  # fmt: skip
         self.loop.start()
 

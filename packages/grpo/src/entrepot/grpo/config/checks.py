@@ -303,7 +303,7 @@ def check_multiturn(
     addition task."""
     if not multiturn.enabled:
         return
-    why = "with multiturn.environment set"
+    why = "with multiturn.environment set" if multiturn.agent is None else "with multiturn.agent set"
     check(rollout.partial_max_tokens is None, "rollout.partial_max_tokens", rollout.partial_max_tokens,
           f"null {why} (a trajectory is rolled out whole)")  # fmt: skip
     check(not algorithm.dynamic_sampling, "algorithm.dynamic_sampling", True, f"false {why}")

@@ -1,8 +1,10 @@
 """Multi-turn rollouts with an environment: the `multiturn` section.
 
-Without `environment` a response is one model turn (the default). With it, each prompt row starts a
-trajectory: the model's turn, the environment's answer, the model's next turn, ... until the
-environment says done or a limit ends it (`entrepot.grpo.multiturn`).
+Without `environment` or `agent` a response is one model turn (the default). With `environment`, each
+prompt row starts a trajectory: the model's turn, the environment's answer, the model's next turn, ...
+until the environment says done or a limit ends it (`entrepot.grpo.multiturn`). With `agent`, user
+code drives each trajectory through an OpenAI-compatible endpoint serving the policy
+(`entrepot.grpo.agents`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,19 @@ class MultiTurnConfig:
             "null: single-turn responses. A built-in environment ('calculator') or a dotted path "
             "'my_pkg.envs:MyEnv' to a class (or factory) making one environment per trajectory."
         ),
+    )
+    agent: str | None = field(
+        default=None,
+        metadata=doc(
+            "null: no agent. A dotted path 'my_pkg.agents:solve' to an async function (client: "
+            "openai.AsyncOpenAI, row: dict) -> float (the reward), run once per trajectory against the "
+            "policy served over HTTP; exclusive with multiturn.environment."
+        ),
+    )
+    agent_concurrency: int = field(default=32, metadata=doc("Agent episodes running at once."))
+    agent_timeout_s: float = field(
+        default=120.0,
+        metadata=doc("Seconds one agent episode may take before its trajectory ends (agent_timeout)."),
     )
     env_args: dict[str, EnvArg] = field(
         default_factory=dict, metadata=doc("Keyword arguments of the environment's constructor.")
@@ -66,14 +81,22 @@ class MultiTurnConfig:
             ("max_tokens", self.max_tokens, 2),
             ("max_observation_tokens", self.max_observation_tokens, 1),
             ("env_concurrency", self.env_concurrency, 1),
+            ("agent_concurrency", self.agent_concurrency, 1),
         ):
             check(value >= low, f"multiturn.{key}", value, f">= {low}")
         check(self.env_timeout_s > 0, "multiturn.env_timeout_s", self.env_timeout_s, "> 0")
+        check(self.agent_timeout_s > 0, "multiturn.agent_timeout_s", self.agent_timeout_s, "> 0")
+        if self.agent is not None:
+            check(":" in self.agent and all(self.agent.partition(":")[::2]), "multiturn.agent", self.agent,
+                  "'module:function' (an async function (client, row) -> float)")  # fmt: skip
+            check(self.environment is None, "multiturn.agent", self.agent,
+                  f"null with multiturn.environment set ({self.environment!r}): a trajectory is driven by an "
+                  "environment or by an agent, not both")  # fmt: skip
         if self.environment is not None:
             check(bool(self.environment.strip()), "multiturn.environment", self.environment,
                   "a built-in name or 'module:attribute'")  # fmt: skip
 
     @property
     def enabled(self) -> bool:
-        """Whether rollouts are multi-turn."""
-        return self.environment is not None
+        """Whether rollouts are multi-turn (an environment or an agent)."""
+        return self.environment is not None or self.agent is not None

@@ -8,7 +8,7 @@ from entrepot.grpo.data.sources import TaskSetup
 from entrepot.grpo.engines.base import RolloutEngine
 from entrepot.grpo.evaluation.runner import EvalSettings, evaluate_samples
 from entrepot.grpo.evaluation.summary import in_run_metrics
-from entrepot.grpo.multiturn import MultiTurnRollout
+from entrepot.grpo.multiturn.runner import TrajectoryRollout
 
 if TYPE_CHECKING:
     from entrepot.grpo.config import RewardConfig
@@ -18,7 +18,7 @@ __all__ = ["greedy_eval"]
 
 def greedy_eval(
     engine: RolloutEngine, setup: TaskSetup, reward: RewardConfig, num_prompts: int, *,
-    max_prompt_tokens: int, multiturn: MultiTurnRollout | None = None,
+    max_prompt_tokens: int, multiturn: TrajectoryRollout | None = None,
 ) -> dict[str, float]:  # fmt: skip
     """Greedy-decode `num_prompts` held-out prompts with `engine`: ``accuracy`` (the accuracy verifier
     scores >= 1), ``eval_reward`` under `reward.verifiers` and ``eval_prompts`` (a prompt file's held-out

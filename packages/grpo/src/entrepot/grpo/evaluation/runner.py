@@ -20,7 +20,8 @@ from entrepot.grpo.data import code_tests, rewards
 from entrepot.grpo.data.sources import TaskSetup, encode_prompt
 from entrepot.grpo.engines.base import RolloutEngine, SamplingParams
 from entrepot.grpo.errors import EvalError
-from entrepot.grpo.multiturn import MultiTurnRollout, Row
+from entrepot.grpo.multiturn import Row
+from entrepot.grpo.multiturn.runner import TrajectoryRollout
 
 if TYPE_CHECKING:
     from entrepot.grpo.config import RewardConfig
@@ -92,7 +93,7 @@ class EvalRecord:
 
 def evaluate_samples(
     engine: RolloutEngine, setup: TaskSetup, reward: RewardConfig, samples: Sequence[Sample],
-    settings: EvalSettings, *, max_prompt_tokens: int, multiturn: MultiTurnRollout | None = None,
+    settings: EvalSettings, *, max_prompt_tokens: int, multiturn: TrajectoryRollout | None = None,
     on_progress: Callable[[int], None] | None = None,
 ) -> list[EvalRecord]:  # fmt: skip
     """Decode `settings.num_samples` responses to each of `samples` with `engine` and score them.
@@ -143,7 +144,7 @@ def _responses(
 
 
 def _trajectories(
-    multiturn: MultiTurnRollout, engine: RolloutEngine, jobs: list[tuple[int, int, Sample]],
+    multiturn: TrajectoryRollout, engine: RolloutEngine, jobs: list[tuple[int, int, Sample]],
     prompts: list[list[int]], params: SamplingParams, tok: Any, generator: torch.Generator | None,
 ) -> list[EvalRecord]:  # fmt: skip
     starts = [

@@ -38,6 +38,10 @@ class ChatFormat(Protocol):
         model sampled it, `stopped`), `message`, and the header of the next assistant turn."""
         ...
 
+    def observations_ids(self, messages: Sequence[Message], *, stopped: bool) -> list[int]:
+        """As `observation_ids` for several messages in a row (an agent's tool results, say)."""
+        ...
+
     def action_text(self, ids: Sequence[int]) -> str:
         """A model turn's text (`ids` as sampled), special tokens left out: what the environment reads."""
         ...
@@ -56,8 +60,11 @@ class CharChat:
         self.stop_token_ids: tuple[int, ...] = (tokenizer.eos_token_id,)
 
     def observation_ids(self, message: Message, *, stopped: bool) -> list[int]:
+        return self.observations_ids([message], stopped=stopped)
+
+    def observations_ids(self, messages: Sequence[Message], *, stopped: bool) -> list[int]:
         closing = [] if stopped else [self.tokenizer.eos_token_id]
-        return closing + self.tokenizer.encode(f">{message['content']}=")
+        return closing + self.tokenizer.encode("".join(f">{m['content']}=" for m in messages))
 
     def action_text(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -75,8 +75,14 @@ class HFChat:
 
         When `stopped` the model already sampled the stop token, so the turn's end starts after it.
         """
-        role = message.get("role", "?")
-        extended = render_chat(self.tokenizer, [*self._base, message], role=role, add_generation_prompt=True)
+        return self.observations_ids([message], stopped=stopped)
+
+    def observations_ids(self, messages: Sequence[Message], *, stopped: bool) -> list[int]:
+        """As `observation_ids` for several messages in a row (each checked to append)."""
+        role = messages[-1].get("role", "?") if messages else "?"
+        extended = render_chat(
+            self.tokenizer, [*self._base, *messages], role=role, add_generation_prompt=True
+        )
         if not extended.startswith(self._base_text):
             raise TemplateError(
                 f"the chat template is not append-only for a {role!r} message: adding it after an "

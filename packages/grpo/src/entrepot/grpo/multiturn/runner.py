@@ -18,9 +18,8 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -30,11 +29,29 @@ from entrepot.grpo.errors import EnvironmentFailure
 from entrepot.grpo.multiturn.chat import ChatFormat
 from entrepot.grpo.multiturn.env_calls import EnvCalls
 from entrepot.grpo.multiturn.environment import Row, Step, step_problem
-from entrepot.grpo.multiturn.trajectory import FAILURES, EndReason, Trajectory
+from entrepot.grpo.multiturn.trajectory import EndReason, Trajectory, trajectory_metrics
 
-__all__ = ["MultiTurnRollout"]
+__all__ = ["MultiTurnRollout", "TrajectoryRollout"]
 
 _RESET, _STEP = "reset", "step"
+
+
+class TrajectoryRollout(Protocol):
+    """What the rollout stage runs for multi-turn trajectories: `MultiTurnRollout` (an environment
+    answers each turn) or `agents.AgentRollout` (user agent code calls the policy over HTTP)."""
+
+    def run(
+        self, engine: RolloutEngine, starts: Sequence[tuple[Row, Sequence[int]]], sampling: SamplingParams,
+        *, pad_token_id: int, generator: torch.Generator | None = None, version: int = 0,
+    ) -> tuple[list[Trajectory], dict[str, float]]:  # fmt: skip
+        """Run a trajectory from each (row, prompt tokens) until it ends; the trajectories and metrics.
+
+        `version` is the policy version sampling (agents see it in each response)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the rollout holds (threads, a server)."""
+        ...
 
 
 class MultiTurnRollout:
@@ -59,9 +76,10 @@ class MultiTurnRollout:
 
     def run(
         self, engine: RolloutEngine, starts: Sequence[tuple[Row, Sequence[int]]], sampling: SamplingParams,
-        *, pad_token_id: int, generator: torch.Generator | None = None,
+        *, pad_token_id: int, generator: torch.Generator | None = None, version: int = 0,
     ) -> tuple[list[Trajectory], dict[str, float]]:  # fmt: skip
-        """Run a trajectory from each (row, prompt tokens) until it ends; the trajectories and metrics."""
+        """Run a trajectory from each (row, prompt tokens) until it ends; the trajectories and metrics
+        (`version`: the policy's, which an environment does not see)."""
         return _Batch(self, engine, starts, sampling, pad_token_id, generator).run()
 
     def close(self) -> None:
@@ -217,21 +235,6 @@ class _Batch:
                 self._call(i, _STEP, self.chat.action_text(ids))
 
     def _metrics(self) -> dict[str, float]:
-        trajs = self.trajectories
-        count = max(len(trajs), 1)
-        ends = Counter(t.end for t in trajs)
-        tokens = sum(len(t.tokens) for t in trajs)
-        metrics = {
-            "multiturn/turns_mean": sum(t.turns for t in trajs) / count,
-            "multiturn/env_token_frac": sum(m is False for t in trajs for m in t.model_mask) / max(tokens, 1),
-            "multiturn/env_failures": float(sum(ends[r] for r in FAILURES)),
-            "multiturn/trajectories": float(len(trajs)),
-            "time/multiturn_generate": self.times["generate"],
-            "time/multiturn_env_wait": self.times["env_wait"],
-            "rollout_tokens": float(self.generated),
-        }
-        metrics.update({f"multiturn/end_{reason.label}": float(ends[reason]) for reason in EndReason
-                        if reason is not EndReason.RUNNING})  # fmt: skip
-        keys = sorted({k for t in trajs for k in t.info})
-        metrics.update({f"env/{k}": sum(float(t.info.get(k, 0.0)) for t in trajs) / count for k in keys})
-        return metrics
+        times = self.times
+        return trajectory_metrics(self.trajectories, generated=self.generated, generate_s=times["generate"],
+                                  wait_s=times["env_wait"])  # fmt: skip

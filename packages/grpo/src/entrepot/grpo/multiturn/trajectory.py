@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["FAILURES", "EndReason", "Trajectory"]
+__all__ = ["FAILURES", "EndReason", "Trajectory", "trajectory_metrics"]
 
 
 class EndReason(enum.IntEnum):
@@ -22,14 +23,19 @@ class EndReason(enum.IntEnum):
     ENV_ERROR = 5  # the environment raised
     ENV_TIMEOUT = 6  # an environment call passed multiturn.env_timeout_s
     ENV_MALFORMED = 7  # the environment returned something that is not a Step, or a message it cannot render
+    AGENT_ERROR = 8  # an agent (multiturn.agent) raised or returned no finite reward
+    AGENT_TIMEOUT = 9  # an agent's episode passed multiturn.agent_timeout_s
 
     @property
     def label(self) -> str:
         return self.name.lower()
 
 
-FAILURES = frozenset({EndReason.ENV_ERROR, EndReason.ENV_TIMEOUT, EndReason.ENV_MALFORMED})
-"""The reasons that are the environment's failures (counted in ``multiturn/env_failures``)."""
+FAILURES = frozenset({
+    EndReason.ENV_ERROR, EndReason.ENV_TIMEOUT, EndReason.ENV_MALFORMED, EndReason.AGENT_ERROR,
+    EndReason.AGENT_TIMEOUT,
+})  # fmt: skip
+"""The reasons that are the environment's (or agent's) failures (counted in ``multiturn/env_failures``)."""
 
 
 @dataclass
@@ -90,3 +96,27 @@ class Trajectory:
     def finish(self, reason: EndReason, detail: str = "") -> None:
         if self.running:
             self.end, self.detail = reason, detail
+
+
+def trajectory_metrics(
+    trajs: Sequence[Trajectory], *, generated: int, generate_s: float, wait_s: float
+) -> dict[str, float]:
+    """The ``multiturn/*`` metrics of one batch of finished trajectories (`generated`: model tokens
+    sampled; `generate_s`, `wait_s`: seconds in the engine and waiting for environments or agents)."""
+    count = max(len(trajs), 1)
+    ends = Counter(t.end for t in trajs)
+    tokens = sum(len(t.tokens) for t in trajs)
+    metrics = {
+        "multiturn/turns_mean": sum(t.turns for t in trajs) / count,
+        "multiturn/env_token_frac": sum(m is False for t in trajs for m in t.model_mask) / max(tokens, 1),
+        "multiturn/env_failures": float(sum(ends[r] for r in FAILURES)),
+        "multiturn/trajectories": float(len(trajs)),
+        "time/multiturn_generate": generate_s,
+        "time/multiturn_env_wait": wait_s,
+        "rollout_tokens": float(generated),
+    }
+    metrics.update({f"multiturn/end_{reason.label}": float(ends[reason]) for reason in EndReason
+                    if reason is not EndReason.RUNNING})  # fmt: skip
+    keys = sorted({k for t in trajs for k in t.info})
+    metrics.update({f"env/{k}": sum(float(t.info.get(k, 0.0)) for t in trajs) / count for k in keys})
+    return metrics

@@ -167,6 +167,10 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
 
         task_tokenizer = tokenizer if tokenizer is not None else build_task(config).tokenizer
         stop_token_ids(load_environment(config.multiturn.environment), task_tokenizer)
+    if config.multiturn.agent is not None:  # it imports, and is an async function
+        from entrepot.grpo.agents import load_agent
+
+        load_agent(config.multiturn.agent)
     if config.reward.models:
         from entrepot.grpo.engines.reward_model import check_reward_model_dir
 

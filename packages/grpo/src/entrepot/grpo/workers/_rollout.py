@@ -16,7 +16,8 @@ import torch
 
 from entrepot.dock import Batch, DockClient
 from entrepot.grpo.engines.policy import Policy
-from entrepot.grpo.multiturn import MultiTurnRollout, Row, Trajectory
+from entrepot.grpo.multiturn import Row, Trajectory
+from entrepot.grpo.multiturn.runner import TrajectoryRollout
 from entrepot.grpo.workers._partial_rollout import partial_round
 from entrepot.grpo.workers._stage import DockReader
 from entrepot.grpo.workers.reward import tensor_text
@@ -69,12 +70,12 @@ def full_rollout(
 
 
 def multiturn_rollout(
-    policy: Policy, runner: MultiTurnRollout, reader: DockReader, dock: DockClient, count: int, *, n: int,
-    base: int | None,
+    policy: Policy, runner: TrajectoryRollout, reader: DockReader, dock: DockClient, count: int, *, n: int,
+    base: int | None, version: int = 0,
 ) -> dict[str, float]:  # fmt: skip
     """Multi-turn trajectories for every prompt row (`count` rows a get, whole groups of `n`): per row
     the tokens after the prompt, which of them the model sampled (`model_mask`), their log-probs, the
-    environment's reward and why the trajectory ended."""
+    environment's (or agent's) reward and why the trajectory ended (`version`: the policy's)."""
     totals = MultiTurnTotals()
     columns = ["prompts", "prompt_text", "answer"]
     for batch in reader.batches(dock, "actor_rollout", columns, count, min_count=n, alone=True):
@@ -82,7 +83,7 @@ def multiturn_rollout(
         starts = trajectory_starts(batch, prompts)
         generator = policy.generator if base is None else batch_generator(base, batch.indexes)
         trajectories, metrics = runner.run(policy.engine, starts, policy.sampling, pad_token_id=_pad(policy),
-                                           generator=generator)  # fmt: skip
+                                           generator=generator, version=version)  # fmt: skip
         dock.put(trajectory_columns(trajectories), batch.indexes)
         totals.add(metrics)
     return totals.metrics()

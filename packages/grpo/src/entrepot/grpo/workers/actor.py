@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from entrepot.dock import Batch, DockClient
+from entrepot.grpo.agents import build_rollout
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.config.correction import resolve as resolve_correction
 from entrepot.grpo.data.lengths import partial_max_age
@@ -32,7 +33,6 @@ from entrepot.grpo.engines.registry import choose_engines
 from entrepot.grpo.errors import LogpMismatchError
 from entrepot.grpo.evaluation.runner import EvalRecord, EvalSettings, evaluate_samples
 from entrepot.grpo.evaluation.summary import in_run_metrics
-from entrepot.grpo.multiturn import build_multiturn
 from entrepot.grpo.run.deployment import uses_ray
 from entrepot.grpo.workers._inspection import ActorInspection
 from entrepot.grpo.workers._memory import PhaseMemory, Sample
@@ -103,7 +103,7 @@ class ActorWorker(ActorInspection):
         self.weights_out = WeightOut(self.policy, self.rank.rank, f"actor {self.rank.name}",
                                      config.trainer.weight_sync_timeout_s)  # fmt: skip
         self.memory = PhaseMemory(config.engine.device, self._device_bytes)
-        self.multiturn = build_multiturn(config.multiturn, self.policy.setup.tokenizer)
+        self.multiturn = build_rollout(config.multiturn, self.policy.setup.tokenizer)
 
     def _parameters(self) -> list[torch.Tensor]:
         """The training parameters, listed once (they keep their identity; offloading empties them)."""
@@ -175,7 +175,7 @@ class ActorWorker(ActorInspection):
         )
         cfg = self.config
         if self.multiturn is not None:
-            stats = multiturn_rollout(policy, self.multiturn, self.reader, dock, count,
+            stats = multiturn_rollout(policy, self.multiturn, self.reader, dock, count, version=version,
                                       n=cfg.rollout.n_samples_per_prompt, base=base)  # fmt: skip
         elif cfg.rollout.partial_max_tokens is not None:
             stats = partial_rollout(policy, self.reader, dock, count, base=base, version=version,
