@@ -115,7 +115,9 @@ def test_a_bad_judge_directory_is_refused_before_start(tmp_path: Path, judge_dir
     with pytest.raises(DataError, match=r"reward\.judge\.model_path .*config.json"):
         check_inputs(load_config(None, [f"reward.judge.model_path={tmp_path / 'missing'}"]))
     classifier = tiny_reward_model_dir(tmp_path / "rm", "classifier", "qwen2")
-    with pytest.raises(DataError, match=r"reward\.judge\.model_path .*Qwen2ForSequenceClassification.*causal"):
+    with pytest.raises(
+        DataError, match=r"reward\.judge\.model_path .*Qwen2ForSequenceClassification.*causal"
+    ):
         check_judge_dir(str(classifier))
     check_judge_dir(str(judge_dir))  # the good one passes
 
@@ -133,8 +135,25 @@ class _Answers(LlamaRolloutEngine):
         rows = []
         for prompt in prompts:
             text = self.tokenizer.decode(list(prompt))
-            answer = "Score: 7" if "Response:\ngood" in text else "Score: 12" if "Response:\nhigh" in text else "~#!"
+            answer = (
+                "Score: 7"
+                if "Response:\ngood" in text
+                else "Score: 12"
+                if "Response:\nhigh" in text
+                else "~#!"
+            )
             rows.append(self.tokenizer(answer)["input_ids"])
+        return Rollout.from_rows(rows, [torch.zeros(len(r)) for r in rows])
+
+
+class _Seven(LlamaRolloutEngine):
+    """The real engine's class, answering every rubric "Score: 7"."""
+
+    tokenizer: Any = None
+
+    def generate(self, prompts: Sequence[Sequence[int] | torch.Tensor], params: SamplingParams, *,
+                 pad_token_id: int = 0, generator: torch.Generator | None = None) -> Rollout:  # fmt: skip
+        rows = [self.tokenizer("Score: 7")["input_ids"] for _ in prompts]
         return Rollout.from_rows(rows, [torch.zeros(len(r)) for r in rows])
 
 
@@ -219,7 +238,7 @@ RUN = [
 @pytest.mark.integration  # training runs
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_two_steps_with_the_judge_count_every_row(mode: str, judge_dir: Path, tmp_path: Path) -> None:
-    from entrepot.grpo.run.samples import read_samples
+    from entrepot.grpo.run.samples import SAMPLES_FILE, read_samples
     from entrepot.grpo.trainer import Trainer
 
     extra = ["trainer.mode=async", "trainer.chunk_tokens=4"] if mode == "async" else []
@@ -234,7 +253,33 @@ def test_two_steps_with_the_judge_count_every_row(mode: str, judge_dir: Path, tm
         assert counted == [P * N, P * N] and all(k in r for r in rows for k in VERDICTS)
     else:  # the rollout scores whole groups as they finish, ahead of the step
         assert sum(counted) >= 2 * P * N and sum(counted) % N == 0
-    assert sum(r["reward/judge_unparseable"] for r in rows) == sum(counted)  # a random judge
-    samples = read_samples(tmp_path)
-    assert samples and all(s["judge"]["verdict"] == "unparseable" and s["judge"]["score"] == 0.0 for s in samples)
+    assert sum(r.get("reward/judge_unparseable", 0.0) for r in rows) == sum(counted)  # a random judge
+    samples = read_samples(tmp_path / SAMPLES_FILE)
+    assert samples and all(
+        s["judge"]["verdict"] == "unparseable" and s["judge"]["score"] == 0.0 for s in samples
+    )
     assert all(s["parts"]["judge"] == 0.0 and isinstance(s["judge"]["output"], str) for s in samples)
+
+
+@pytest.mark.integration  # a trainer's stages
+def test_the_judge_adds_its_weighted_score_to_the_verifiers(judge_dir: Path, tmp_path: Path) -> None:
+    from entrepot.grpo.data import rewards
+    from entrepot.grpo.trainer import Trainer
+    from entrepot.grpo.workers import tensor_text
+
+    trainer = Trainer(load_config(None, [*RUN, f"reward.judge.model_path={judge_dir}"]), tmp_path)
+    try:
+        worker = trainer.cluster.rewards.workers[0]  # type: ignore[attr-defined]
+        worker.judge = _judge(judge_dir, _Seven)  # the reward stage's own judge, answering 7 of 10
+        rows, stats = trainer.grpo_step.generate(P, version=0)
+        out = trainer.dock.peek(["rm_scores", "responses", "answer", "judge_verdict"], rows, layout="packed")
+    finally:
+        trainer.close()
+    tok = trainer.setup.tokenizer
+    responses = [tok.decode(r.tolist(), skip_special_tokens=True)
+                 for r in out.columns["responses"].split(out.lengths["responses"].tolist())]  # fmt: skip
+    answers = [tensor_text(a) for a in out.columns["answer"].split(out.lengths["answer"].tolist())]
+    expected = torch.tensor(rewards.score(responses, answers, {"partial_credit": 1.0})) + 0.5 * 0.7
+    torch.testing.assert_close(out.columns["rm_scores"], expected, rtol=0, atol=1e-5)
+    assert out.columns["judge_verdict"].tolist() == [0.0] * (P * N)  # ok
+    assert sum(s.get("reward/judge_ok", 0.0) for s in stats) == P * N
