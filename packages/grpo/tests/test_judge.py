@@ -20,7 +20,7 @@ from tests_support_models import tiny_judge_dir, tiny_reward_model_dir
 
 from entrepot.grpo import load_config
 from entrepot.grpo.config import JudgeConfig
-from entrepot.grpo.data.judge_verdicts import JudgeCache, JudgeVerdict, Judgement, judge_key, parse_judgement
+from entrepot.grpo.data.judge_verdicts import JudgeCache, Judgement, JudgeVerdict, judge_key, parse_judgement
 from entrepot.grpo.engines.base import Rollout, SamplingParams
 from entrepot.grpo.engines.judge import LocalJudge, build_judge, check_judge_dir
 from entrepot.grpo.engines.models import load_pretrained
@@ -97,7 +97,7 @@ def test_cache_keeps_the_most_recent_and_never_a_timeout() -> None:
 )
 def test_bad_judge_config_names_the_key(key: str, value: Any, match: str) -> None:
     with pytest.raises(GRPOConfigError, match=rf"reward\.judge\.{key} .*{match}"):
-        load_config(None, [f"reward.judge.model_path=judge", f"reward.judge.{key}={value!r}"])
+        load_config(None, ["reward.judge.model_path=judge", f"reward.judge.{key}={value!r}"])
 
 
 def test_use_reference_needs_a_reference_that_reads_text() -> None:
@@ -229,9 +229,9 @@ def test_a_hung_judge_times_out_within_the_deadline_and_is_not_piled_up(judge_di
 
 P, N = 4, 4
 RUN = [
-    f"rollout.prompts_per_step={P}", f"rollout.n_samples_per_prompt={N}", "eval.every=0", "eval.num_prompts=8",
-    "checkpoint.save_every=0", "logging.tensorboard=false", "logging.samples_every=1", "resources.use_ray=false",
-    "max_steps=2", "reward.judge.weight=0.5",
+    f"rollout.prompts_per_step={P}", f"rollout.n_samples_per_prompt={N}", "eval.every=0",
+    "eval.num_prompts=8", "checkpoint.save_every=0", "logging.tensorboard=false", "logging.samples_every=1",
+    "resources.use_ray=false", "max_steps=2", "reward.judge.weight=0.5",
 ]  # fmt: skip
 
 

@@ -165,7 +165,7 @@ class RewardWorker:
                 batch.lengths["responses"], self.budget, reward.overlong_buffer, reward.overlong_penalty
             )
         correct = rewards.score(texts, answers, {reward.accuracy_verifier: 1.0}, scored)
-        columns = {
+        columns: dict[str, Any] = {
             "rm_scores": scores,
             "accuracy": torch.tensor([float(c >= 1.0) for c in correct], dtype=torch.float32),
         }
