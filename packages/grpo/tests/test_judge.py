@@ -91,7 +91,7 @@ def test_cache_keeps_the_most_recent_and_never_a_timeout() -> None:
         ("pattern", "Score: (\\d+", "does not compile"),
         ("scale", [10, 0], "min < max"),
         ("timeout_s", 0, "> 0"),
-        ("max_new_tokens", 0, ">= 1"),
+        ("max_tokens", 0, ">= 1"),
         ("cache_size", -1, ">= 0"),
     ],
 )

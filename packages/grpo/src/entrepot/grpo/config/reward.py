@@ -102,7 +102,10 @@ class JudgeConfig:
     scale: tuple[float, float] = field(
         default=(0.0, 10.0), metadata=doc("(min, max) of the judge's scale: min maps to 0, max to 1.")
     )
-    max_new_tokens: int = field(default=16, metadata=doc("Tokens the judge may write (greedy decoding)."))
+    max_tokens: int = field(
+        default=16,
+        metadata=doc("Tokens the judge may write (greedy decoding; rollout.max_new_tokens is the policy's)."),
+    )
     micro_batch: int = field(default=64, metadata=doc("Judge prompts per generate call."))
     timeout_s: float = field(
         default=120.0,
@@ -132,7 +135,7 @@ class JudgeConfig:
             check(bool(self.model_path), f"{key}.model_path", self.model_path, "a local directory")
         check(isinstance(self.weight, (int, float)) and self.weight == self.weight, f"{key}.weight",
               self.weight, "a number")  # fmt: skip
-        check(self.max_new_tokens >= 1, f"{key}.max_new_tokens", self.max_new_tokens, ">= 1")
+        check(self.max_tokens >= 1, f"{key}.max_tokens", self.max_tokens, ">= 1")
         check(self.micro_batch >= 1, f"{key}.micro_batch", self.micro_batch, ">= 1")
         check(self.timeout_s > 0, f"{key}.timeout_s", self.timeout_s, "> 0 seconds")
         check(self.cache_size >= 0, f"{key}.cache_size", self.cache_size, ">= 0 (0 = off)")

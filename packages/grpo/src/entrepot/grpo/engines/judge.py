@@ -76,7 +76,7 @@ class LocalJudge:
         eos = tokenizer.eos_token_id
         self.params = SamplingParams(
             temperature=0.0,
-            max_new_tokens=judge.max_new_tokens,
+            max_new_tokens=judge.max_tokens,
             stop_token_ids=(eos,) if eos is not None else (),
         )
         self.pad_token_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
@@ -111,7 +111,7 @@ class LocalJudge:
         decode: dict[bytes, list[int]] = {}
         for key, text in todo.items():
             ids = self._encode(text)
-            if self.max_positions is not None and len(ids) + self.config.max_new_tokens > self.max_positions:
+            if self.max_positions is not None and len(ids) + self.config.max_tokens > self.max_positions:
                 found[key] = Judgement(JudgeVerdict.TOO_LONG, self.config.fail_score)
             else:
                 decode[key] = ids
