@@ -61,7 +61,6 @@ class LocalJudge:
         tokenizer: the judge's tokenizer (its chat template, when it has one, wraps each rubric).
         engine: a rollout engine holding the judge's weights.
         max_positions: positions the judge can place (None: no limit); a longer rubric is `too_long`.
-        device: where the engine decodes (for the start-up line).
     """
 
     def __init__(
