@@ -137,3 +137,18 @@ def chatml_tokenizer(chat_template: str | None = CHATML_TEMPLATE) -> Any:
     tok.eos_token = "<|im_end|>"
     tok.chat_template = chat_template
     return tok
+
+
+def tiny_judge_dir(path: Path) -> Path:
+    """A tiny random Qwen2 causal LM with `chatml_tokenizer` (byte-level BPE, a chat template), saved
+    under `path`: a judge that reads any text and answers with random bytes."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tok = chatml_tokenizer()
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
+                         pad_token_id=0, eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id,
+                         tie_word_embeddings=True)  # fmt: skip
+    tok.save_pretrained(path)
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    return path

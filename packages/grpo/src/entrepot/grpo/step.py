@@ -35,9 +35,10 @@ from entrepot.grpo.data.sources import TaskSetup, encode_prompt
 from entrepot.grpo.engines.registry import choose_engines
 from entrepot.grpo.multiturn import EndReason
 from entrepot.grpo.run.metrics import dock_step_metrics, merge_rank_metrics
-from entrepot.grpo.run.samples import build_samples, pick_rows, samples_due
+from entrepot.grpo.run.samples import add_judgements, build_samples, pick_rows, samples_due
 from entrepot.grpo.sampling import Sampling, StageStart, choose_sampling
 from entrepot.grpo.workers import (
+    JUDGE_COLUMNS,
     ActorWorker,
     Cluster,
     Pending,
@@ -76,6 +77,7 @@ class GRPOStep:
         self.resources, self.reward, self.eval = config.resources, config.reward, config.eval
         self.logging = config.logging
         self.multiturn = config.multiturn.enabled
+        self._judged = list(JUDGE_COLUMNS) if config.reward.judge.enabled else []
         self.max_prompt_tokens, self.max_steps = config.data.max_prompt_tokens, config.max_steps
         self.separate_kernels = choose_engines(config.engine).rollout.separate_kernels
         self.cluster, self.dock, self.setup = cluster, cluster.dock, setup
@@ -206,7 +208,7 @@ class GRPOStep:
         Reading and decoding draw no random numbers: the run trains as it would without samples.
         """
         picked = pick_rows(rows, self.rollout.n_samples_per_prompt, self.logging.samples_per_step)
-        columns = ["prompts", "responses", "answer", "rm_scores", "accuracy"]
+        columns = ["prompts", "responses", "answer", "rm_scores", "accuracy", *self._judged]
         batch = self.dock.peek(columns + (["end_reason"] if self.multiturn else []), picked, layout="packed")
         tok = self.setup.tokenizer
         prompts: list[str] = []
@@ -221,6 +223,8 @@ class GRPOStep:
             step, prompts, responses, answers, batch.columns["rm_scores"].tolist(),
             batch.columns["accuracy"].tolist(), {} if self.multiturn else self.reward.verifiers,
         )  # fmt: skip
+        if self._judged:  # the judge's verdict, score and output of each row, as the reward stage put them
+            add_judgements(records, batch, self.reward.judge.weight)
         if self.multiturn:  # why each trajectory ended (a failing environment shows here)
             for record, reason in zip(records, batch.columns["end_reason"].tolist(), strict=True):
                 record["end"] = EndReason(int(reason)).label
@@ -267,7 +271,7 @@ class GRPOStep:
         samples = self.setup.source.batch(self._data_position, count)
         self._data_position += count
         prompts = [torch.tensor(encode_prompt(self.setup, s.prompt, self.max_prompt_tokens)) for s in samples]
-        extra = prompt_extras(samples, with_prompt_text=self.multiturn)
+        extra = prompt_extras(samples, with_prompt_text=self.multiturn or bool(self._judged))
         return self.dock.put_prompts(prompts, self.rollout.n_samples_per_prompt, extra=extra)
 
     def _reward_model_stage(self, count: int) -> list[StageStart]:

@@ -24,7 +24,7 @@ from entrepot.grpo.embedded.threads import configure_threads
 from entrepot.grpo.engines.weight_channel import WeightChannel
 from entrepot.grpo.engines.weight_sync import PublishedWeights, WeightMailbox
 from entrepot.grpo.errors import RolloutLostError
-from entrepot.grpo.workers import RewardWorker, prompt_extras
+from entrepot.grpo.workers import RewardWorker, prompt_extras, wants_prompt_text
 from entrepot.grpo.workers.ranks import RankInfo
 
 __all__ = ["RolloutWorker"]
@@ -170,11 +170,11 @@ class RolloutWorker:
         limit = self.config.data.max_prompt_tokens
         prompts = [torch.tensor(encode_prompt(self.setup, s.prompt, limit)) for s in samples]
         n = self.config.rollout.n_samples_per_prompt
-        extra = prompt_extras(samples, with_prompt_text=self.config.multiturn.enabled)
+        extra = prompt_extras(samples, with_prompt_text=wants_prompt_text(self.config))
         rows = self._dock.put_prompts(prompts, n, extra=extra)
         first_rows = rows.view(-1, n)[:, 0].tolist()
         self.ledger.admit(first_rows, positions, version)
         return first_rows, prompts
 
-    def _score(self, rows: Sequence[int]) -> None:
-        self.scorer.score_rows(self._dock, rows)
+    def _score(self, rows: Sequence[int]) -> dict[str, float]:
+        return self.scorer.score_rows(self._dock, rows)

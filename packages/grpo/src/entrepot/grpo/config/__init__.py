@@ -27,7 +27,7 @@ from entrepot.grpo.config.lora import LoraConfig
 from entrepot.grpo.config.model import DataConfig, ModelConfig
 from entrepot.grpo.config.multiturn import MultiTurnConfig
 from entrepot.grpo.config.resources import DockConfig, ResourcesConfig, ThreadsConfig
-from entrepot.grpo.config.reward import CodeRewardConfig, RewardConfig
+from entrepot.grpo.config.reward import CodeRewardConfig, JudgeConfig, RewardConfig
 from entrepot.grpo.config.rollout import RolloutConfig
 from entrepot.grpo.config.root import GRPOConfig
 from entrepot.grpo.config.run import CheckpointConfig, EvalConfig, LoggingConfig
@@ -47,6 +47,7 @@ __all__ = [
     "EvalConfig",
     "GRPOConfig",
     "InferParallelConfig",
+    "JudgeConfig",
     "LoggingConfig",
     "LoraConfig",
     "ModelConfig",

@@ -313,6 +313,18 @@ def check_multiturn(
     check(parallel.infer.tensor == 1, "parallel.infer.tensor", parallel.infer.tensor, f"1 {why} ({waits})")
     judge = "the environment's reward is the reward; reward models do not read trajectories yet"
     check(not reward.models, "reward.models", reward.models, f"empty {why} ({judge})")
+    check(not reward.judge.enabled, "reward.judge.model_path", reward.judge.model_path or "use_reference",
+          f"unset {why} ({judge})")  # fmt: skip
     if multiturn.environment == "calculator":
         allowed = "'addition' with multiturn.environment 'calculator' (it answers addition questions)"
         check(data.task == "addition", "data.task", data.task, allowed)
+
+
+def check_judge(reward: RewardConfig, model: ModelConfig, algorithm: AlgorithmConfig) -> None:
+    """`reward.judge.use_reference` needs a reference (kl_coef > 0) that reads text: an HF model."""
+    if not reward.judge.use_reference:
+        return
+    key = "reward.judge.use_reference"
+    check(algorithm.kl_coef > 0, key, True, "false with algorithm.kl_coef = 0 (the run has no reference)")
+    check(model.path is not None, key, True, "false without model.path (the built default's character "
+          "tokenizer cannot read a rubric; set reward.judge.model_path)")  # fmt: skip

@@ -86,6 +86,7 @@ class GRPOConfig:
         checks.check_rollout_dtype(self.engine, self.rollout, self.algorithm, self.trainer)
         checks.check_async(self.trainer, self.resources, self.parallel, self.rollout, self.algorithm,
                            self.reward, self.model)  # fmt: skip
+        checks.check_judge(self.reward, self.model, self.algorithm)
         checks.check_multiturn(self.multiturn, self.rollout, self.algorithm, self.parallel, self.data,
                                self.reward)  # fmt: skip
 

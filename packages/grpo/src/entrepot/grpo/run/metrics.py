@@ -39,7 +39,8 @@ __all__ = [
 _MAX_KEYS = ("time/", "memory/")
 _MAX_SUFFIXES = ("_max",)
 _SUM_KEYS = ("rollout_tokens", "train_tokens", "multiturn/trajectories", "multiturn/env_failures")
-_SUM_PREFIXES = ("multiturn/end_", "reward/code_")  # trajectories per end reason, programs per verdict
+# trajectories per end reason, programs and judged rows per verdict (and the judge's cache hits)
+_SUM_PREFIXES = ("multiturn/end_", "reward/code_", "reward/judge_")
 _DOCK_COUNTERS = (("rows_got", "rows"), ("bytes_got", "bytes"), ("wait_s", "wait_s"))
 _MEASURED_PREFIXES = ("time/", "memory/")
 _MEASURED_SUFFIXES = ("wait_s", "per_s", "/seconds", "/gbps")

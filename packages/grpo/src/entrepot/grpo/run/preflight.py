@@ -176,6 +176,10 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
 
         for path in config.reward.models:
             check_reward_model_dir(path)
+    if config.reward.judge.model_path is not None:
+        from entrepot.grpo.engines.judge import check_judge_dir
+
+        check_judge_dir(config.reward.judge.model_path)
     from entrepot.grpo.data.prompt_lengths import check_prompt_lengths
     from entrepot.grpo.data.sources import FileDataset, build_task
     from entrepot.grpo.data.tasks import HELD_OUT_POOL

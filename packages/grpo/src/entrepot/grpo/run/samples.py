@@ -8,7 +8,9 @@ Each sample is one JSON line of `RUN/samples.jsonl`:
 `reward` is the step's reward of the row (`rm_scores`: the verifiers' weighted sum, plus reward models
 and overlong shaping when configured); `parts` is each verifier's weighted share of it, scored again
 here for the few rows written. With ``code_tests`` a record also has the program's run:
-``"code": {"verdict": "timeout", "passed": 1, "total": 3}`` (`entrepot.grpo.sandbox.Verdict`).
+``"code": {"verdict": "timeout", "passed": 1, "total": 3}`` (`entrepot.grpo.sandbox.Verdict`). With
+``reward.judge`` it has the judge's, read from the dock (never judged again):
+``"judge": {"verdict": "ok", "score": 0.7, "output": "Score: 7"}`` and the judge's part in `parts`.
 Decoding and scoring draw no random numbers: a run that writes samples
 trains exactly as one that does not. A resumed run drops the samples of the steps it repeats
 (`SamplesWriter.truncate`), as `metrics.jsonl` does.
@@ -25,7 +27,15 @@ import torch
 
 from entrepot.grpo.data import code_tests, rewards
 
-__all__ = ["SAMPLES_FILE", "SamplesWriter", "build_samples", "pick_rows", "read_samples", "samples_due"]
+__all__ = [
+    "SAMPLES_FILE",
+    "SamplesWriter",
+    "add_judgements",
+    "build_samples",
+    "pick_rows",
+    "read_samples",
+    "samples_due",
+]
 
 SAMPLES_FILE = "samples.jsonl"
 
@@ -88,6 +98,21 @@ def build_samples(
     for record, run in zip(records, runs, strict=False):
         record["code"] = {"verdict": run.verdict.value, "passed": run.passed, "total": run.total}
     return records
+
+
+def add_judgements(records: Sequence[dict[str, Any]], batch: Any, weight: float) -> None:
+    """Each record's judge verdict, [0, 1] score and output, and the judge's weighted part of the reward,
+    from the packed dock `batch` of the records' rows (its ``judge_*`` columns)."""
+    from entrepot.grpo.data.judge_verdicts import JudgeVerdict
+
+    verdicts = list(JudgeVerdict)
+    outputs = batch.columns["judge_output"].to(torch.uint8).split(batch.lengths["judge_output"].tolist())
+    rows = zip(batch.columns["judge_verdict"].tolist(), batch.columns["judge_score"].tolist(), outputs,
+               strict=True)  # fmt: skip
+    for record, (verdict, score, output) in zip(records, rows, strict=True):
+        text = bytes(output.tolist()).decode("utf-8", errors="replace").rstrip("\x00")
+        record["judge"] = {"verdict": verdicts[int(verdict)].value, "score": score, "output": text}
+        record["parts"]["judge"] = weight * score
 
 
 class SamplesWriter:

@@ -16,10 +16,18 @@ from entrepot.grpo.workers.actor import ActorWorker
 from entrepot.grpo.workers.group import LocalWorkerGroup, Pending, WorkerGroup, wait_all
 from entrepot.grpo.workers.launch import Cluster, launch
 from entrepot.grpo.workers.ranks import RankInfo, rank_layout
-from entrepot.grpo.workers.reward import RewardWorker, prompt_extras, tensor_text, text_tensor
+from entrepot.grpo.workers.reward import (
+    JUDGE_COLUMNS,
+    RewardWorker,
+    prompt_extras,
+    tensor_text,
+    text_tensor,
+    wants_prompt_text,
+)
 from entrepot.grpo.workers.separate import ReferenceWorker, RewardModelWorker
 
 __all__ = [
+    "JUDGE_COLUMNS",
     "ActorWorker",
     "Cluster",
     "LocalWorkerGroup",
@@ -36,4 +44,5 @@ __all__ = [
     "tensor_text",
     "text_tensor",
     "wait_all",
+    "wants_prompt_text",
 ]

@@ -14,7 +14,7 @@ from entrepot.grpo.workers._model_rewards import MODEL_SCORES
 from entrepot.grpo.workers.actor import ActorWorker
 from entrepot.grpo.workers.group import LocalWorkerGroup, WorkerGroup
 from entrepot.grpo.workers.ranks import RankInfo, rank_layout
-from entrepot.grpo.workers.reward import RewardWorker
+from entrepot.grpo.workers.reward import JUDGE_COLUMNS, RewardWorker, wants_prompt_text
 from entrepot.grpo.workers.separate import ReferenceWorker, RewardModelWorker
 
 __all__ = ["Cluster", "launch"]
@@ -88,9 +88,16 @@ def launch(config: GRPOConfig, run_dir: str | None = None) -> Cluster:
         "max_age": max_age if partial else None,
         "max_staleness": config.algorithm.max_staleness,
     }  # fmt: skip
-    if config.multiturn.enabled:  # the prompt's text for the environment; per token, who wrote it
+    if wants_prompt_text(config):  # the prompt's text for the environment or the judge
+        dock_args["extra_columns"]["prompt_text"] = ColumnSpec()
+    if config.reward.judge.enabled:  # each row's judge verdict, [0, 1] score and output, for the samples
+        verdict, score, output = JUDGE_COLUMNS
         dock_args["extra_columns"].update({
-            "prompt_text": ColumnSpec(), "model_mask": ColumnSpec(),
+            verdict: ColumnSpec(scalar=True), score: ColumnSpec(scalar=True), output: ColumnSpec(),
+        })  # fmt: skip
+    if config.multiturn.enabled:  # per token, who wrote it
+        dock_args["extra_columns"].update({
+            "model_mask": ColumnSpec(),
             "env_reward": ColumnSpec(scalar=True), "env_accuracy": ColumnSpec(scalar=True),
             "end_reason": ColumnSpec(scalar=True),
         })  # fmt: skip
@@ -143,7 +150,9 @@ def launch(config: GRPOConfig, run_dir: str | None = None) -> Cluster:
             RewardModelWorker, place("reward_model", rank_layout(resources.reward_model_workers)), reward_args
         )
     actors = RayWorkerGroup(ActorWorker, actor_placement, actor_args)
-    rewards = RayWorkerGroup(RewardWorker, place("reward", reward_ranks, device=False), reward_args)
+    # the reward workers take a device only for a judge model (rules and the sandbox need CPUs)
+    judge_device = config.reward.judge.enabled
+    rewards = RayWorkerGroup(RewardWorker, place("reward", reward_ranks, device=judge_device), reward_args)
     try:  # the workers start in their processes meanwhile (a sharded dock waits for its shards)
         dock, dock_actors = _ray_dock(config, dock_args, run_dir)
     except BaseException:

@@ -3,7 +3,10 @@
 Its output is the reward stage's whatever the mix: `rm_scores` (the verifiers' weighted sum plus the
 reward models' `model_scores` when `reward.models` is set) and `accuracy` (the accuracy verifier).
 With ``code_tests`` the programs run once per row (the weighted sum and the accuracy share the run),
-and the stage's metrics count the verdicts (`code_tests.verdict_metrics`).
+and the stage's metrics count the verdicts (`code_tests.verdict_metrics`). With ``reward.judge`` a
+local judge model scores each row's prompt text and response (`engines.judge`): its weighted [0, 1]
+score adds to the sum, its verdict, score and output go into the dock (`JUDGE_COLUMNS`, for the
+samples) and the stage's metrics count the verdicts (`reward/judge_<verdict>`).
 """
 
 from __future__ import annotations
@@ -19,13 +22,31 @@ from entrepot.dock import Batch, DockClient
 from entrepot.grpo.algo.shaping import overlong_penalty
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.data import code_tests, rewards
+from entrepot.grpo.data.judge_verdicts import JudgeVerdict
 from entrepot.grpo.data.sources import build_task
 from entrepot.grpo.embedded.threads import configure_threads
 from entrepot.grpo.workers._model_rewards import MODEL_SCORES
 from entrepot.grpo.workers._stage import DockReader, stage
 from entrepot.grpo.workers.ranks import RankInfo
 
-__all__ = ["RewardWorker", "prompt_extras", "tensor_text", "text_tensor"]
+__all__ = [
+    "JUDGE_COLUMNS",
+    "JUDGE_OUTPUT_BYTES",
+    "RewardWorker",
+    "prompt_extras",
+    "tensor_text",
+    "text_tensor",
+    "wants_prompt_text",
+]
+
+# the judge's columns: verdict (index in JudgeVerdict), [0, 1] score, output text (UTF-8, cut)
+JUDGE_COLUMNS = ("judge_verdict", "judge_score", "judge_output")
+JUDGE_OUTPUT_BYTES = 512  # of the judge's output kept for the samples
+
+
+def wants_prompt_text(config: GRPOConfig) -> bool:
+    """Whether the dock carries each prompt's text: a multi-turn environment's `reset`, or the judge."""
+    return config.multiturn.enabled or config.reward.judge.enabled
 
 
 def text_tensor(text: str) -> torch.Tensor:
@@ -80,6 +101,11 @@ class RewardWorker:
             tokenizer = load_tokenizer(config.model.path)
         setup = build_task(config, tokenizer)
         self.tokenizer, self.budget = setup.tokenizer, setup.max_new_tokens
+        self.judge = None
+        if config.reward.judge.enabled:
+            from entrepot.grpo.engines.judge import build_judge
+
+            self.judge = build_judge(config, tokenizer)
 
     def ready(self) -> bool:
         """Nothing: answering at all means the worker finished starting (Ray queues calls until then)."""
@@ -108,7 +134,9 @@ class RewardWorker:
         if self.config.multiturn.enabled:  # the environment scored the trajectory: its reward, its verdict
             return ["env_reward", "env_accuracy"]
         with_models = bool(self.config.reward.models)  # the reward-model stage's column
-        return ["responses", "response_length", "answer", *([MODEL_SCORES] if with_models else [])]
+        with_judge = self.judge is not None  # the prompt as the data wrote it, for the rubric
+        return ["responses", "response_length", "answer", *([MODEL_SCORES] if with_models else []),
+                *(["prompt_text"] if with_judge else [])]  # fmt: skip
 
     def _score(self, dock: DockClient, batch: Batch) -> dict[str, float]:
         """Put the batch's scores; returns its verdict counts (``code_tests``), else nothing."""
@@ -137,13 +165,24 @@ class RewardWorker:
                 batch.lengths["responses"], self.budget, reward.overlong_buffer, reward.overlong_penalty
             )
         correct = rewards.score(texts, answers, {reward.accuracy_verifier: 1.0}, scored)
-        dock.put(
-            {
-                "rm_scores": scores,
-                "accuracy": torch.tensor([float(c >= 1.0) for c in correct], dtype=torch.float32),
-            },
-            batch.indexes,
-        )
+        columns: dict[str, Any] = {
+            "rm_scores": scores,
+            "accuracy": torch.tensor([float(c >= 1.0) for c in correct], dtype=torch.float32),
+        }
+        if self.judge is not None:
+            raw = batch.columns["prompt_text"].to(torch.uint8).numpy().tobytes()
+            prompts = [_text(raw[start:end]) for start, end in _bounds(batch.lengths["prompt_text"])]
+            judged, judge_stats = self.judge.judge(prompts, texts, answers)
+            stats.update(judge_stats)
+            judge_scores = torch.tensor([j.score for j in judged], dtype=torch.float32)
+            scores += reward.judge.weight * judge_scores
+            codes = [list(JudgeVerdict).index(j.verdict) for j in judged]
+            outputs = [j.output.encode()[:JUDGE_OUTPUT_BYTES].decode(errors="ignore") for j in judged]
+            columns.update({
+                "judge_verdict": torch.tensor(codes, dtype=torch.float32), "judge_score": judge_scores,
+                "judge_output": [text_tensor(output) for output in outputs],
+            })  # fmt: skip
+        dock.put(columns, batch.indexes)
         return stats
 
     def _score_trajectories(self, dock: DockClient, batch: Batch) -> None:
