@@ -86,6 +86,8 @@ class Round:
 
     staged_groups: list[list[str]] = field(default_factory=list)
     segments: list[Segment] = field(default_factory=list)
+    # payloads / incoming / scratch layouts, computed once per plan (the plan is reused per reshard)
+    cache: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False, compare=False)
 
     def dtypes(self) -> list[torch.dtype]:
         """The dtypes that cross ranks in this round, in a fixed order."""
@@ -98,6 +100,9 @@ class Round:
         Gathers and broadcasts send the same slices to several ranks; packing them once keeps
         the send bucket at the size of the data rather than data x receivers.
         """
+        cached = self.cache.get(("payloads", rank, dtype))
+        if cached is not None:
+            return cached  # type: ignore[return-value]
         per_dst: dict[int, list[Segment]] = {}
         for seg in self.segments:
             if seg.src == rank != seg.dst and seg.dtype == dtype:
@@ -109,15 +114,20 @@ class Round:
                 unique[key].dsts.append(dst)
             else:
                 unique[key] = Payload([dst], segs)
-        return list(unique.values())
+        self.cache["payloads", rank, dtype] = payloads = list(unique.values())
+        return payloads
 
     def incoming(self, rank: int, dtype: torch.dtype) -> dict[int, list[Segment]]:
         """What ``rank`` receives of ``dtype``: ``{src: segments in packing order}``."""
+        cached = self.cache.get(("incoming", rank, dtype))
+        if cached is not None:
+            return cached  # type: ignore[return-value]
         per_src: dict[int, list[Segment]] = {}
         for seg in self.segments:
             if seg.dst == rank != seg.src and seg.dtype == dtype:
                 per_src.setdefault(seg.src, []).append(seg)
-        return dict(sorted(per_src.items()))
+        self.cache["incoming", rank, dtype] = incoming = dict(sorted(per_src.items()))
+        return incoming
 
 
 @dataclass
@@ -139,6 +149,9 @@ class ReshardPlan:
         Keys: ``"send:<dtype>:<i>"`` for payload i, ``"recv:<dtype>:<src>"`` for the message
         from ``src``, and the parameter name for a staged shard. Returns the layout and its size.
         """
+        cached = rnd.cache.get(("layout", rank))
+        if cached is not None:
+            return cached  # type: ignore[return-value]
         sizes: dict[str, int] = {}
         for dtype in rnd.dtypes():
             for index, payload in enumerate(rnd.payloads(rank, dtype)):
@@ -154,7 +167,20 @@ class ReshardPlan:
         for key, size in sizes.items():
             layout[key] = (offset, size)
             offset += _aligned(size)
+        rnd.cache["layout", rank] = (layout, offset)
         return layout, offset
+
+    def shared_reads(self, rnd: Round, rank: int, dtype: torch.dtype) -> list[tuple[int, int, list[Segment]]]:
+        """Where ``rank`` finds its incoming ``dtype`` slices in the senders' arenas (shared memory).
+
+        Returns ``(src, byte offset in src's arena, segments packed there in order)`` per sender:
+        the payload of ``src`` whose receivers include ``rank``, at its place in ``src``'s layout.
+        """
+        reads = []
+        for src, segs in rnd.incoming(rank, dtype).items():
+            index = next(i for i, p in enumerate(rnd.payloads(src, dtype)) if rank in p.dsts)
+            reads.append((src, self.scratch_layout(rnd, src)[0][f"send:{dtype}:{index}"][0], segs))
+        return reads
 
     def arena_bytes(self, rank: int) -> int:
         """The largest round scratch of ``rank``: the size of its arena."""

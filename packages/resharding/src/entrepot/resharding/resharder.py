@@ -17,6 +17,12 @@ received bytes + staged shards and their converted copies) exceeds ``bucket_byte
 extra memory is the inference copy plus one bucket (a single group larger than the bucket
 gets a round of its own).
 
+On CPU, when every rank of the group is on this host, the arenas are files in shared memory
+(``_shared``) that peers map: a slice is packed once by its sender and copied by each receiver
+straight from the sender's arena into place, instead of crossing gloo's TCP sockets (four
+copies and the loopback stack). Elsewhere, or with ``shared_memory=False``, the exchanges go
+through the process group.
+
 With ``verify=True``:
 
 * every slice is checksummed at its source and at its destination with a position-mixed
@@ -44,6 +50,7 @@ import torch.distributed as dist
 from entrepot.resharding._checksum import checksums
 from entrepot.resharding._conversion_check import ConversionCheck
 from entrepot.resharding._plan import ReshardPlan, Round, Segment, build_plan
+from entrepot.resharding._shared import SharedArenas, new_token, open_shared_arenas
 from entrepot.resharding.adaptors.base import WeightAdaptor
 from entrepot.resharding.buffers import MemoryBuffer, ModelWeightBuffer
 from entrepot.resharding.errors import ChecksumMismatchError, LayoutError
@@ -66,6 +73,7 @@ class ReshardStats:
     bytes_local: int = 0  # copied from this rank's own training shard
     output_bytes: int = 0  # the inference weights (ModelWeightBuffer)
     scratch_bytes: int = 0  # the arena: buckets + staging of the largest round
+    transport: str = "local"  # how slices crossed ranks: "local" (none did), "shared_memory", "group"
 
 
 def _region(tensor: torch.Tensor, seg: Segment, start: int) -> torch.Tensor:
@@ -86,6 +94,9 @@ class Resharder:
         verify: checksum every slice at both ends and round-trip every layout conversion;
             mismatches raise ``ChecksumMismatchError`` (see the module docstring for the cost).
         device: where the inference weights live (default: the training shard's device).
+        shared_memory: on CPU, exchange through shared memory when every rank of the group is on
+            this host (checked once, by mapping each other's arenas); False: always through
+            the process group.
 
     Example:
         >>> resharder = Resharder(adaptor, ParallelLayout(tp=2, pp=2), ParallelLayout(tp=1))
@@ -103,6 +114,7 @@ class Resharder:
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         verify: bool = False,
         device: torch.device | str | None = None,
+        shared_memory: bool = True,
     ) -> None:
         if infer_layout.pp != 1:
             raise LayoutError(f"the inference layout must have pp=1, got pp={infer_layout.pp}")
@@ -120,6 +132,8 @@ class Resharder:
         self._plan: ReshardPlan | None = None
         self._metas: list[dict[str, tuple[tuple[int, ...], torch.dtype]]] | None = None
         self._arena: MemoryBuffer | None = None
+        self._shared_memory = shared_memory  # turned off for good when a rank cannot map its peers
+        self._token: str | None = None  # names this resharder's shared-memory files
 
     # -- public ----------------------------------------------------------------------------
     def reshard(self, local_train_params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -137,18 +151,31 @@ class Resharder:
         local = {name: tensor.detach() for name, tensor in local_train_params.items()}
         plan = self._plan_for(local, world)
         weights = self._output_buffer(plan, rank, local)
-        arena = self._arena_buffer(plan, rank, weights.buffer.device)
-        stats = ReshardStats(num_rounds=len(plan.rounds), output_bytes=weights.nbytes)
+        shared = self._shared_arenas(plan, rank, weights.buffer.device)
+        arena = None if shared is not None else self._arena_buffer(plan, rank, weights.buffer.device)
+        if shared is not None:
+            scratch = shared.mine
+        else:
+            scratch = arena.get("arena") if arena is not None else torch.empty(0, dtype=torch.uint8)
+        crosses = any(r.dtypes() for r in plan.rounds)
+        stats = ReshardStats(
+            num_rounds=len(plan.rounds),
+            output_bytes=weights.nbytes,
+            scratch_bytes=scratch.numel(),
+            transport="local" if not crosses else "shared_memory" if shared is not None else "group",
+        )
         # [segment, (source checksum, destination checksum)]; the last row counts bad conversions.
         # On the weights' device so that NCCL/HCCL can reduce it.
         num_segments = sum(len(r.segments) for r in plan.rounds)
         checks = torch.zeros(num_segments + 1, 2, dtype=torch.int64, device=weights.buffer.device)
         conversions = ConversionCheck(self.adaptor)
         with torch.no_grad():
-            for rnd in plan.rounds:
-                self._run_round(rnd, rank, local, weights, arena, stats, checks, conversions)
+            for index, rnd in enumerate(plan.rounds):
+                if shared is not None and index > 0 and rnd.dtypes():
+                    dist.barrier(group=self.group)  # every rank has read the last round's arenas
+                self._run_round(rnd, rank, local, weights, scratch, shared, stats, checks, conversions)
+        del scratch, shared  # unmaps this rank's shared arena (peers keep theirs until they drop it)
         if arena is not None:
-            stats.scratch_bytes = arena.nbytes
             arena.destroy()
         if self.verify:
             failed = conversions.failures()
@@ -213,6 +240,21 @@ class Resharder:
         scratch = {n: torch.empty(needed[n][0], dtype=needed[n][1]) for n in names}
         return {n: (tuple(t.shape), t.dtype) for n, t in self.adaptor.train_to_infer(scratch).items()}
 
+    def _shared_arenas(self, plan: ReshardPlan, rank: int, device: torch.device) -> SharedArenas | None:
+        """Every rank's arena in shared memory, when all of them can map each other's (CPU only).
+
+        The conditions are the same on every rank, so either all ranks open them or none does.
+        """
+        if not self._shared_memory or device.type != "cpu" or not any(r.dtypes() for r in plan.rounds):
+            return None
+        if self._token is None:
+            self._token = new_token(self.group)
+        sizes = [plan.arena_bytes(r) for r in range(plan.world_size)]
+        shared = open_shared_arenas(self._token, rank, sizes, self.group)
+        if shared is None:  # some rank is on another host, or has no /dev/shm: use the group
+            self._shared_memory = False
+        return shared
+
     def _arena_buffer(self, plan: ReshardPlan, rank: int, device: torch.device) -> MemoryBuffer | None:
         """One byte arena holding a round's buckets and staging; sized for the largest round."""
         size = plan.arena_bytes(rank)
@@ -231,7 +273,8 @@ class Resharder:
         rank: int,
         local: Mapping[str, torch.Tensor],
         weights: ModelWeightBuffer,
-        arena: MemoryBuffer | None,
+        scratch: torch.Tensor,
+        shared: SharedArenas | None,
         stats: ReshardStats,
         checks: torch.Tensor,
         conversions: ConversionCheck,
@@ -240,7 +283,6 @@ class Resharder:
         assert self._plan is not None
         params = self._plan.params
         regions, _ = self._plan.scratch_layout(rnd, rank)
-        scratch = arena.get("arena") if arena is not None else torch.empty(0, dtype=torch.uint8)
 
         def carve(key: str, dtype: torch.dtype) -> torch.Tensor:
             offset, size = regions.get(key, (0, 0))
@@ -261,8 +303,17 @@ class Resharder:
                 source = _region(local[seg.name], seg, seg.src_start)
                 _region(targets[seg.name], seg, seg.dst_start).copy_(source)
                 stats.bytes_local += seg.nbytes
-        for dtype in rnd.dtypes():
-            self._exchange_dtype(rnd, dtype, rank, local, targets, carve, stats)
+        dtypes = rnd.dtypes()
+        if shared is None:
+            for dtype in dtypes:
+                self._exchange_dtype(rnd, dtype, rank, local, targets, carve, stats)
+        elif dtypes:
+            for dtype in dtypes:
+                self._pack(rnd, dtype, rank, local, carve, stats)
+            dist.barrier(group=self.group)  # every rank has packed this round
+            for dtype in dtypes:
+                self._read_shared(rnd, dtype, rank, shared, targets, stats)
+        self._landed(rnd, rank, targets)
         if self.verify:  # every slice of the round at both ends, in one batched checksum per end
             sent = [seg for seg in rnd.segments if seg.src == rank]
             landed = [seg for seg in rnd.segments if seg.dst == rank]
@@ -294,7 +345,30 @@ class Resharder:
         stats: ReshardStats,
     ) -> None:
         """Pack this rank's payloads of ``dtype``, exchange them, unpack what arrived."""
+        sends = self._pack(rnd, dtype, rank, local, carve, stats)
+        incoming = rnd.incoming(rank, dtype)
+        recvs = [(carve(f"recv:{dtype}:{src}", dtype), src) for src in incoming]
+        self._exchange(sends, recvs)
+        for (flat, _), segs in zip(recvs, incoming.values(), strict=True):
+            offset = 0
+            for seg in segs:
+                target = _region(targets[seg.name], seg, seg.dst_start)
+                target.copy_(flat[offset : offset + seg.numel].view(target.shape))
+                offset += seg.numel
+                stats.bytes_received += seg.nbytes
+
+    def _pack(
+        self,
+        rnd: Round,
+        dtype: torch.dtype,
+        rank: int,
+        local: Mapping[str, torch.Tensor],
+        carve: Callable[[str, torch.dtype], torch.Tensor],
+        stats: ReshardStats,
+    ) -> list[tuple[torch.Tensor, int]]:
+        """Pack this rank's payloads of ``dtype`` into its arena: ``[(payload, receiver)]``."""
         sends: list[tuple[torch.Tensor, int]] = []
+        stats.num_collectives += 1
         for index, payload in enumerate(rnd.payloads(rank, dtype)):
             flat = carve(f"send:{dtype}:{index}", dtype)
             offset = 0
@@ -304,17 +378,29 @@ class Resharder:
                 offset += seg.numel
             sends.extend((flat, dst) for dst in payload.dsts)
             stats.bytes_sent += payload.nbytes * len(payload.dsts)
-        incoming = rnd.incoming(rank, dtype)
-        recvs = [(carve(f"recv:{dtype}:{src}", dtype), src) for src in incoming]
-        self._exchange(sends, recvs)
-        stats.num_collectives += 1
-        for (flat, _), segs in zip(recvs, incoming.values(), strict=True):
-            offset = 0
+        return sends
+
+    def _read_shared(
+        self,
+        rnd: Round,
+        dtype: torch.dtype,
+        rank: int,
+        shared: SharedArenas,
+        targets: Mapping[str, torch.Tensor],
+        stats: ReshardStats,
+    ) -> None:
+        """Copy this rank's incoming slices of ``dtype`` from the senders' arenas into place."""
+        assert self._plan is not None
+        for src, start, segs in self._plan.shared_reads(rnd, rank, dtype):
+            offset = start
             for seg in segs:
                 target = _region(targets[seg.name], seg, seg.dst_start)
-                target.copy_(flat[offset : offset + seg.numel].view(target.shape))
-                offset += seg.numel
+                target.copy_(shared.of[src][offset : offset + seg.nbytes].view(dtype).view(target.shape))
+                offset += seg.nbytes
                 stats.bytes_received += seg.nbytes
+
+    def _landed(self, rnd: Round, rank: int, targets: Mapping[str, torch.Tensor]) -> None:
+        """Called when a round's slices are in place, before they are checked (a seam for tests)."""
 
     def _exchange(self, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]]) -> None:
         """One bucketed exchange: every ``(tensor, peer)`` send and receive, posted together.
