@@ -138,6 +138,13 @@ class ReshardPlan:
     groups: list[list[str]]  # conversion groups (train_to_infer inputs), in plan order
     rounds: list[Round]
     world_size: int
+    # False for shared-memory arenas: a receiver reads the sender's arena, so it needs no buffer
+    receive_buffers: bool = True
+
+    @property
+    def crosses_ranks(self) -> bool:
+        """Whether any slice moves between ranks (else every rank copies its own)."""
+        return any(rnd.dtypes() for rnd in self.rounds)
 
     def needed(self, rank: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Training-layout shards ``rank`` assembles: ``{name: (shape, dtype)}``."""
@@ -156,7 +163,7 @@ class ReshardPlan:
         for dtype in rnd.dtypes():
             for index, payload in enumerate(rnd.payloads(rank, dtype)):
                 sizes[f"send:{dtype}:{index}"] = payload.nbytes
-            for src, segs in rnd.incoming(rank, dtype).items():
+            for src, segs in rnd.incoming(rank, dtype).items() if self.receive_buffers else ():
                 sizes[f"recv:{dtype}:{src}"] = sum(s.nbytes for s in segs)
         for group in rnd.staged_groups:
             for name in group:
@@ -244,8 +251,13 @@ def build_plan(
     train: ParallelLayout,
     infer: ParallelLayout,
     bucket_bytes: int,
+    receive_buffers: bool = True,
 ) -> ReshardPlan:
-    """The plan for moving the training shards described by ``metas`` (one per rank) to ``infer``."""
+    """The plan for moving the training shards described by ``metas`` (one per rank) to ``infer``.
+
+    ``receive_buffers=False`` (shared-memory arenas): received bytes take no scratch, so rounds
+    are bounded by what a rank sends and stages, and fewer of them are needed.
+    """
     world = len(metas)
     infer.validate_world(world)
     gathered = _gather_params(adaptor, metas, train, world)
@@ -293,8 +305,8 @@ def build_plan(
         staged = adaptor.infer_alias(name) is None
         params[name] = ParamPlan(name, dtype, full, spec, dst_shapes, staged)
         segments_of[name] = moves
-    groups, rounds = _rounds(adaptor, params, segments_of, bucket_bytes, world)
-    return ReshardPlan(params, groups, rounds, world)
+    groups, rounds = _rounds(adaptor, params, segments_of, bucket_bytes, world, receive_buffers)
+    return ReshardPlan(params, groups, rounds, world, receive_buffers)
 
 
 def _rounds(
@@ -303,6 +315,7 @@ def _rounds(
     moves: Mapping[str, list[tuple[int, int, int, int, int]]],
     bucket_bytes: int,
     world: int,
+    receive_buffers: bool,
 ) -> tuple[list[list[str]], list[Round]]:
     """Pack the moves into rounds so that no rank's scratch exceeds ``bucket_bytes``.
 
@@ -322,7 +335,7 @@ def _rounds(
         for seg in segments:
             if seg.src != seg.dst:
                 cost[seg.src] += seg.nbytes  # an upper bound: payload sharing only lowers it
-                cost[seg.dst] += seg.nbytes
+                cost[seg.dst] += seg.nbytes if receive_buffers else 0
         for name in staged or []:
             for rank in params[name].dst_shapes:
                 cost[rank] += 2 * params[name].dst_bytes(rank)

@@ -64,10 +64,8 @@ def open_shared_arenas(
     own = _path(token, rank)
     mine: torch.Tensor | None = None
     of: list[torch.Tensor] = []
-    try:
+    with contextlib.suppress(OSError):  # no /dev/shm here: every rank hears of it below
         mine = _map(own, sizes[rank], create=True)
-    except OSError:
-        pass
     dist.barrier(group=group)  # every rank's file exists (or failed)
     if mine is not None:
         try:
