@@ -8,10 +8,11 @@ from the sender's arena into its own output, two copies in all and no socket. A 
 the reads (the slices are packed) and one after (the arena may be overwritten) order a round.
 
 Opening is a collective that every rank of the group joins: each creates its own file, then
-maps its peers' files. When any rank cannot (another host, no ``/dev/shm``), every rank learns
-it from one all-reduce and ``open_shared_arenas`` returns None: the caller exchanges through
-the process group instead. Each file is unlinked as soon as every peer has mapped it, so
-nothing is left behind in ``/dev/shm``; the memory goes when the last map of it is dropped.
+maps its peers' files. When any rank cannot (another host, no ``/dev/shm``, less free space
+there than all the arenas of the group take), every rank learns it from one all-reduce and
+``open_shared_arenas`` returns None: the caller exchanges through the process group instead.
+Each file is unlinked as soon as every peer has mapped it, so nothing is left behind in
+``/dev/shm``; the memory goes when the last map of it is dropped.
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ def _path(token: str, rank: int) -> str:
     return os.path.join(SHM_DIR, f"entrepot-reshard-{token}-{rank}")
 
 
+def _free_bytes() -> int:
+    stat = os.statvfs(SHM_DIR)
+    return stat.f_bavail * stat.f_frsize
+
+
 def _map(path: str, nbytes: int, create: bool) -> torch.Tensor:
     if not create:  # torch.from_file would create a missing file: a peer on another host
         os.close(os.open(path, os.O_RDWR))
@@ -65,7 +71,8 @@ def open_shared_arenas(
     mine: torch.Tensor | None = None
     of: list[torch.Tensor] = []
     with contextlib.suppress(OSError):  # no /dev/shm here: every rank hears of it below
-        mine = _map(own, sizes[rank], create=True)
+        if _free_bytes() >= sum(sizes):  # writing past a full tmpfs would kill us with SIGBUS
+            mine = _map(own, sizes[rank], create=True)
     dist.barrier(group=group)  # every rank's file exists (or failed)
     if mine is not None:
         try:
