@@ -28,10 +28,15 @@ The cost of ``verify=True`` is measured in the same runs: the same reshard with 
 printed as a ratio to ``verify=False``; and the checksum's own GB/s next to a ``copy_`` of the
 same bytes (one thread, bf16 and fp32; on CUDA too when there is one).
 
+Where slices cross ranks (TP2 x PP2 -> TP1) the ``Resharder`` runs twice: with its default
+transport (shared-memory arenas, the ranks being on one host) and ``shared_memory=False``
+("over gloo": the exchanges through gloo's TCP sockets, what ranks on two hosts do).
+
 Two shapes of the same bytes: ``wide`` (hidden 1024, ~110 tensors) and ``deep`` (hidden 256,
 ~2,000 tensors, where per-tensor collectives pay their latency each time).
 
-Run: ``python bench_resharding.py [--size-mb 512] [--bucket-mb 64] [--repeats 3] [--shapes wide,deep]``
+Run: ``python bench_resharding.py [--size-mb 512] [--bucket-mb 64] [--repeats 3] [--shapes wide,deep]
+[--scenarios 0,1,2]`` (indices into ``SCENARIOS``)
 (about 2.5 minutes on 2 CPU cores).
 """
 
@@ -223,8 +228,9 @@ def _worker(rank: int, port: int, sc: Scenario, shape: str, args: argparse.Names
     local = _local_shard(adaptor, config, sc, rank, dtype)
     groups = _pipeline_groups(sc) if sc.baseline == "per-tensor" else None
     resharder = Resharder(adaptor, sc.train, sc.infer, bucket_bytes=args.bucket_mb * MB)
+    over_gloo = Resharder(adaptor, sc.train, sc.infer, bucket_bytes=args.bucket_mb * MB, shared_memory=False)
     verifying = Resharder(adaptor, sc.train, sc.infer, bucket_bytes=args.bucket_mb * MB, verify=True)
-    for warm in (resharder, verifying):  # warm-up: plan and buffer layout
+    for warm in (resharder, over_gloo, verifying):  # warm-up: plan and buffer layout
         warm.reshard(local)
         warm.destroy_buffers()
     peak = 0
@@ -237,6 +243,11 @@ def _worker(rank: int, port: int, sc: Scenario, shape: str, args: argparse.Names
         resharder.destroy_buffers()
         return seconds
 
+    def gloo() -> float:
+        seconds = _timed(lambda: over_gloo.reshard(local))
+        over_gloo.destroy_buffers()
+        return seconds
+
     def verified() -> float:
         seconds = _timed(lambda: verifying.reshard(local))
         verifying.destroy_buffers()
@@ -247,9 +258,14 @@ def _worker(rank: int, port: int, sc: Scenario, shape: str, args: argparse.Names
             return _timed(lambda: _per_tensor(adaptor, resharder, local, sc, groups))
         return _timed(lambda: adaptor.train_to_infer(local))
 
+    crosses = resharder.stats.transport != "local"  # slices cross ranks: the transports differ
     times: dict[str, list[float]] = {"Resharder": [], "verify=True": [], sc.baseline: []}
+    if crosses:
+        times["over gloo"] = []
     for _ in range(args.repeats):  # interleaved, so load changes on a shared machine hit all alike
         times["Resharder"].append(bucketed())
+        if crosses:
+            times["over gloo"].append(gloo())
         times["verify=True"].append(verified())
         times[sc.baseline].append(baseline())
     stats = resharder.stats
@@ -270,6 +286,7 @@ def _worker(rank: int, port: int, sc: Scenario, shape: str, args: argparse.Names
             collectives=stats.num_collectives,
             rounds=stats.num_rounds,
             tensors=len(_full_shapes(config)),
+            transport=stats.transport,
             layers=config.num_hidden_layers,
         )
     dist.destroy_process_group()
@@ -333,7 +350,7 @@ def _report(
         f"{res['tensors']} tensors; out per rank {out / MB:.0f} MB; Resharder moved "
         f"{(res['sent'] + res['local_copies']) / MB:.0f} MB (sent {res['sent'] / MB:.0f} + local copies "
         f"{res['local_copies'] / MB:.0f}, all ranks) in {res['collectives']} exchanges, "
-        f"{res['rounds']} rounds"
+        f"{res['rounds']} rounds; transport {res['transport']}"
     )
     print(
         f"{'method':<22} {'seconds':>8} {'MB written/rank':>16} {'GB/s':>7} {'vs memcpy':>10} "
@@ -341,11 +358,14 @@ def _report(
     )
     written = {
         "Resharder": out,
+        "over gloo": out,
         "verify=True": out,
         "per-tensor": out,
         "local train_to_infer": res["baseline_fresh"],
     }
-    for method in ("Resharder", "verify=True", sc.baseline):
+    for method in ("Resharder", "over gloo", "verify=True", sc.baseline):
+        if method not in res:
+            continue
         seconds = res[method]
         gbps = written[method] / seconds / 1e9
         print(
@@ -370,6 +390,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per method (best is reported)")
     parser.add_argument("--shapes", default="wide,deep", help=f"comma-separated, from {sorted(SHAPES)}")
+    parser.add_argument(
+        "--scenarios", default="all", help=f"indices into {[s.name for s in SCENARIOS]}, e.g. 0,2"
+    )
     args, _ = parser.parse_known_args()  # nox passes the same posargs to every benchmark
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # One forkserver imports torch once; each reshard then forks its ranks instead of spawning
@@ -389,7 +412,8 @@ def main() -> None:
                 f"same bytes {copy:.2f} GB/s; checksum / copy_ time {copy / ours:.2f}x"
             )
     for shape in args.shapes.split(","):
-        for sc in SCENARIOS:
+        chosen = range(len(SCENARIOS)) if args.scenarios == "all" else map(int, args.scenarios.split(","))
+        for sc in (SCENARIOS[i] for i in chosen):
             with mp.Manager() as manager:
                 results = manager.dict()
                 mp.start_processes(

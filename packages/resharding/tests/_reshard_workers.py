@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from entrepot.resharding import ChecksumMismatchError, ParallelLayout, Resharder, get_adaptor
+from entrepot.resharding._shared import SHM_DIR
 from entrepot.resharding.adaptors import LlamaAdaptor
 
 
@@ -31,16 +32,23 @@ class Scenario:
     infer: ParallelLayout
     bucket_bytes: int
     corrupt_check: bool = False
+    shared_memory: bool = True  # False: through gloo's sockets (what ranks on two hosts do)
 
 
 class CorruptingResharder(Resharder):
-    """Flips one received byte on rank 1: checksum verification must catch it."""
+    """Flips one byte of the first slice rank 1 received: checksum verification must catch it."""
 
-    def _exchange(self, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]]) -> None:
-        super()._exchange(sends, recvs)
-        received = [t.view(torch.uint8) for t, _ in recvs if t.numel()]
-        if dist.get_rank() == 1 and received:
-            received[0][received[0].numel() // 2] ^= 0x40
+    corrupted = False
+
+    def _landed(self, rnd: Any, rank: int, targets: Mapping[str, torch.Tensor]) -> None:
+        for seg in rnd.segments:
+            if rank != 1 or self.corrupted or seg.dst != rank or seg.src == rank:
+                continue
+            region = targets[seg.name].narrow(seg.dim, seg.dst_start, seg.length)
+            if region.is_contiguous() and region.numel():
+                flat = region.view(-1).view(torch.uint8)
+                flat[flat.numel() // 2] ^= 0x40
+                self.corrupted = True
 
 
 @dataclass(frozen=True)
@@ -61,9 +69,7 @@ class SwappingResharder(Resharder):
         self.pairs = pairs
         self.swapped: str | None = None
 
-    def _exchange_dtype(self, rnd: Any, dtype: torch.dtype, rank: int, *args: Any) -> None:
-        super()._exchange_dtype(rnd, dtype, rank, *args)
-        targets = args[1]
+    def _landed(self, rnd: Any, rank: int, targets: Mapping[str, torch.Tensor]) -> None:
         for seg in rnd.segments:
             if rank != 1 or self.swapped is not None or seg.dst != rank or seg.src == rank:
                 continue
@@ -131,7 +137,8 @@ def _check(rank: int, world: int, sc: Scenario) -> None:
     ic = sc.infer.coords(rank, world)
     expected = adaptor.train_to_infer(adaptor.shard(full, sc.infer, ic.tp_rank, 0, ic.ep_rank, ic.etp_rank))
 
-    resharder = Resharder(adaptor, sc.train, sc.infer, bucket_bytes=sc.bucket_bytes, verify=True)
+    options = dict(bucket_bytes=sc.bucket_bytes, verify=True, shared_memory=sc.shared_memory)
+    resharder = Resharder(adaptor, sc.train, sc.infer, **options)  # type: ignore[arg-type]
     for _ in range(2):  # the second pass re-uses the plan and rebuilds the destroyed buffers
         got = resharder.reshard(local)
         assert sorted(got) == sorted(expected), f"rank {rank}: names {sorted(set(got) ^ set(expected))}"
@@ -141,6 +148,8 @@ def _check(rank: int, world: int, sc: Scenario) -> None:
             )
         resharder.destroy_buffers()
         assert all(t.numel() == 0 for t in got.values())
+        assert resharder.stats.transport == ("shared_memory" if sc.shared_memory else "group")
+    assert not [f for f in os.listdir(SHM_DIR) if f.startswith(f"entrepot-reshard-{resharder._token}")]
     stats = resharder.stats
     # One all-to-all per dtype per round, never one per tensor: a single round for large buckets.
     num_dtypes = len({t.dtype for t in full.values()})
@@ -152,7 +161,7 @@ def _check(rank: int, world: int, sc: Scenario) -> None:
     )
 
     if sc.corrupt_check:
-        corrupt = CorruptingResharder(adaptor, sc.train, sc.infer, bucket_bytes=sc.bucket_bytes, verify=True)
+        corrupt = CorruptingResharder(adaptor, sc.train, sc.infer, **options)  # type: ignore[arg-type]
         try:
             corrupt.reshard(local)
         except ChecksumMismatchError as err:
@@ -161,7 +170,7 @@ def _check(rank: int, world: int, sc: Scenario) -> None:
             raise AssertionError(f"rank {rank}: corrupted transfer was not detected")
         wrong = RankOneSwapsHeads(SimpleNamespace(**sc.config))
         try:
-            Resharder(wrong, sc.train, sc.infer, bucket_bytes=sc.bucket_bytes, verify=True).reshard(local)
+            Resharder(wrong, sc.train, sc.infer, **options).reshard(local)  # type: ignore[arg-type]
         except ChecksumMismatchError as err:  # every rank hears of rank 1's conversion, by name
             assert "rank 1: 'decoder.layers.0.self_attention.linear_qkv.weight' differs" in str(err), str(err)
         else:

@@ -165,6 +165,13 @@ def test_single_process_reshard_without_a_process_group() -> None:
 
 SCENARIOS = {
     "tp2pp2-to-tp1": ("Qwen2ForCausalLM", ParallelLayout(tp=2, pp=2), ParallelLayout(tp=1), 4096, True),
+    "tp2pp2-to-tp1-over-gloo": (
+        "Qwen2ForCausalLM",
+        ParallelLayout(tp=2, pp=2),
+        ParallelLayout(tp=1),
+        4096,
+        True,
+    ),
     "tp1pp2-to-tp2": (
         "GPT2LMHeadModel",
         ParallelLayout(tp=1, pp=2, vpp=2),
@@ -191,7 +198,14 @@ def test_gloo_reshard_matches_the_shard_cut_from_the_full_model(scenario: str, t
     state_path = tmp_path / "state.pt"
     torch.save(state, state_path)
     job = workers.Scenario(
-        architecture, config.to_dict(), str(state_path), train, infer, bucket_bytes, corrupt_check
+        architecture,
+        config.to_dict(),
+        str(state_path),
+        train,
+        infer,
+        bucket_bytes,
+        corrupt_check,
+        shared_memory=not scenario.endswith("-over-gloo"),
     )
     rendezvous = str(tmp_path / "gloo.rendezvous")  # a file: no port to race another process for
     mp.start_processes(workers.run, args=(WORLD, rendezvous, job), nprocs=WORLD, start_method="forkserver")

@@ -21,11 +21,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+import torch.distributed as dist
 
+from entrepot.resharding._plan import ReshardPlan
 from entrepot.resharding.adaptors.base import WeightAdaptor
-from entrepot.resharding.errors import ReshardError
+from entrepot.resharding.errors import ChecksumMismatchError, ReshardError
 
-__all__ = ["ConversionCheck"]
+__all__ = ["ConversionCheck", "raise_on_mismatch"]
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -83,3 +85,34 @@ class ConversionCheck:
             ]
             self._pending = []
         return self._failed
+
+
+def raise_on_mismatch(
+    plan: ReshardPlan, checks: torch.Tensor, failed_conversions: list[str], group: dist.ProcessGroup | None
+) -> None:
+    """Raise ``ChecksumMismatchError`` on every rank if any rank saw a mismatch.
+
+    ``checks`` is ``[segment, (source checksum, destination checksum)]`` plus a last row whose
+    second column counts this rank's failed conversions (``failed_conversions``, by name).
+    """
+    if plan.world_size > 1:
+        dist.all_reduce(checks, group=group)
+    checks = checks.cpu()
+    failures = int(checks[-1, 1])
+    bad = (checks[:-1, 0] != checks[:-1, 1]).nonzero().flatten().tolist()
+    if not bad and not failures:
+        return
+    if failures and plan.world_size > 1:  # every rank gets here together: the count was reduced
+        gathered: list[list[str]] = [[] for _ in range(plan.world_size)]
+        dist.all_gather_object(gathered, failed_conversions, group=group)
+        failed_conversions = [line for lines in gathered for line in lines]
+    segments = {s.index: s for r in plan.rounds for s in r.segments}
+    lines = [
+        f"{s.name!r} rank {s.src} -> rank {s.dst}, dim {s.dim} [{s.dst_start}:{s.dst_start + s.length}]"
+        for s in (segments[i] for i in bad[:5])
+    ]
+    raise ChecksumMismatchError(
+        f"resharded weights differ from their source: {len(bad)} slice(s) and {failures} "
+        f"layout conversion(s) failed verification; first slices: {'; '.join(lines) or 'none'}; "
+        f"first conversions: {'; '.join(failed_conversions[:5]) or 'none'}"
+    )

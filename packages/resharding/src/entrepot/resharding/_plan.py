@@ -86,6 +86,8 @@ class Round:
 
     staged_groups: list[list[str]] = field(default_factory=list)
     segments: list[Segment] = field(default_factory=list)
+    # payloads / incoming / scratch layouts, computed once per plan (the plan is reused per reshard)
+    cache: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False, compare=False)
 
     def dtypes(self) -> list[torch.dtype]:
         """The dtypes that cross ranks in this round, in a fixed order."""
@@ -98,6 +100,9 @@ class Round:
         Gathers and broadcasts send the same slices to several ranks; packing them once keeps
         the send bucket at the size of the data rather than data x receivers.
         """
+        cached = self.cache.get(("payloads", rank, dtype))
+        if cached is not None:
+            return cached  # type: ignore[return-value]
         per_dst: dict[int, list[Segment]] = {}
         for seg in self.segments:
             if seg.src == rank != seg.dst and seg.dtype == dtype:
@@ -109,15 +114,20 @@ class Round:
                 unique[key].dsts.append(dst)
             else:
                 unique[key] = Payload([dst], segs)
-        return list(unique.values())
+        self.cache["payloads", rank, dtype] = payloads = list(unique.values())
+        return payloads
 
     def incoming(self, rank: int, dtype: torch.dtype) -> dict[int, list[Segment]]:
         """What ``rank`` receives of ``dtype``: ``{src: segments in packing order}``."""
+        cached = self.cache.get(("incoming", rank, dtype))
+        if cached is not None:
+            return cached  # type: ignore[return-value]
         per_src: dict[int, list[Segment]] = {}
         for seg in self.segments:
             if seg.dst == rank != seg.src and seg.dtype == dtype:
                 per_src.setdefault(seg.src, []).append(seg)
-        return dict(sorted(per_src.items()))
+        self.cache["incoming", rank, dtype] = incoming = dict(sorted(per_src.items()))
+        return incoming
 
 
 @dataclass
@@ -128,6 +138,13 @@ class ReshardPlan:
     groups: list[list[str]]  # conversion groups (train_to_infer inputs), in plan order
     rounds: list[Round]
     world_size: int
+    # False for shared-memory arenas: a receiver reads the sender's arena, so it needs no buffer
+    receive_buffers: bool = True
+
+    @property
+    def crosses_ranks(self) -> bool:
+        """Whether any slice moves between ranks (else every rank copies its own)."""
+        return any(rnd.dtypes() for rnd in self.rounds)
 
     def needed(self, rank: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Training-layout shards ``rank`` assembles: ``{name: (shape, dtype)}``."""
@@ -139,11 +156,14 @@ class ReshardPlan:
         Keys: ``"send:<dtype>:<i>"`` for payload i, ``"recv:<dtype>:<src>"`` for the message
         from ``src``, and the parameter name for a staged shard. Returns the layout and its size.
         """
+        cached = rnd.cache.get(("layout", rank))
+        if cached is not None:
+            return cached  # type: ignore[return-value]
         sizes: dict[str, int] = {}
         for dtype in rnd.dtypes():
             for index, payload in enumerate(rnd.payloads(rank, dtype)):
                 sizes[f"send:{dtype}:{index}"] = payload.nbytes
-            for src, segs in rnd.incoming(rank, dtype).items():
+            for src, segs in rnd.incoming(rank, dtype).items() if self.receive_buffers else ():
                 sizes[f"recv:{dtype}:{src}"] = sum(s.nbytes for s in segs)
         for group in rnd.staged_groups:
             for name in group:
@@ -154,7 +174,20 @@ class ReshardPlan:
         for key, size in sizes.items():
             layout[key] = (offset, size)
             offset += _aligned(size)
+        rnd.cache["layout", rank] = (layout, offset)
         return layout, offset
+
+    def shared_reads(self, rnd: Round, rank: int, dtype: torch.dtype) -> list[tuple[int, int, list[Segment]]]:
+        """Where ``rank`` finds its incoming ``dtype`` slices in the senders' arenas (shared memory).
+
+        Returns ``(src, byte offset in src's arena, segments packed there in order)`` per sender:
+        the payload of ``src`` whose receivers include ``rank``, at its place in ``src``'s layout.
+        """
+        reads = []
+        for src, segs in rnd.incoming(rank, dtype).items():
+            index = next(i for i, p in enumerate(rnd.payloads(src, dtype)) if rank in p.dsts)
+            reads.append((src, self.scratch_layout(rnd, src)[0][f"send:{dtype}:{index}"][0], segs))
+        return reads
 
     def arena_bytes(self, rank: int) -> int:
         """The largest round scratch of ``rank``: the size of its arena."""
@@ -218,8 +251,13 @@ def build_plan(
     train: ParallelLayout,
     infer: ParallelLayout,
     bucket_bytes: int,
+    receive_buffers: bool = True,
 ) -> ReshardPlan:
-    """The plan for moving the training shards described by ``metas`` (one per rank) to ``infer``."""
+    """The plan for moving the training shards described by ``metas`` (one per rank) to ``infer``.
+
+    ``receive_buffers=False`` (shared-memory arenas): received bytes take no scratch, so rounds
+    are bounded by what a rank sends and stages, and fewer of them are needed.
+    """
     world = len(metas)
     infer.validate_world(world)
     gathered = _gather_params(adaptor, metas, train, world)
@@ -267,8 +305,8 @@ def build_plan(
         staged = adaptor.infer_alias(name) is None
         params[name] = ParamPlan(name, dtype, full, spec, dst_shapes, staged)
         segments_of[name] = moves
-    groups, rounds = _rounds(adaptor, params, segments_of, bucket_bytes, world)
-    return ReshardPlan(params, groups, rounds, world)
+    groups, rounds = _rounds(adaptor, params, segments_of, bucket_bytes, world, receive_buffers)
+    return ReshardPlan(params, groups, rounds, world, receive_buffers)
 
 
 def _rounds(
@@ -277,6 +315,7 @@ def _rounds(
     moves: Mapping[str, list[tuple[int, int, int, int, int]]],
     bucket_bytes: int,
     world: int,
+    receive_buffers: bool,
 ) -> tuple[list[list[str]], list[Round]]:
     """Pack the moves into rounds so that no rank's scratch exceeds ``bucket_bytes``.
 
@@ -296,7 +335,7 @@ def _rounds(
         for seg in segments:
             if seg.src != seg.dst:
                 cost[seg.src] += seg.nbytes  # an upper bound: payload sharing only lowers it
-                cost[seg.dst] += seg.nbytes
+                cost[seg.dst] += seg.nbytes if receive_buffers else 0
         for name in staged or []:
             for rank in params[name].dst_shapes:
                 cost[rank] += 2 * params[name].dst_bytes(rank)

@@ -17,6 +17,12 @@ received bytes + staged shards and their converted copies) exceeds ``bucket_byte
 extra memory is the inference copy plus one bucket (a single group larger than the bucket
 gets a round of its own).
 
+On CPU, when every rank of the group is on this host, the arenas are files in shared memory
+(``_shared``) that peers map: a slice is packed once by its sender and copied by each receiver
+straight from the sender's arena into place, instead of crossing gloo's TCP sockets (four
+copies and the loopback stack). Elsewhere, or with ``shared_memory=False``, the exchanges go
+through the process group.
+
 With ``verify=True``:
 
 * every slice is checksummed at its source and at its destination with a position-mixed
@@ -35,18 +41,20 @@ reaches the inference engine.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from entrepot.resharding._checksum import checksums
-from entrepot.resharding._conversion_check import ConversionCheck
-from entrepot.resharding._plan import ReshardPlan, Round, Segment, build_plan
+from entrepot.resharding._conversion_check import ConversionCheck, raise_on_mismatch
+from entrepot.resharding._plan import ReshardPlan, Round, build_plan
+from entrepot.resharding._shared import SHM_DIR, SharedArenas, new_token, open_shared_arenas
+from entrepot.resharding._transport import exchange_dtype, pack, read_shared, region
 from entrepot.resharding.adaptors.base import WeightAdaptor
-from entrepot.resharding.buffers import MemoryBuffer, ModelWeightBuffer
-from entrepot.resharding.errors import ChecksumMismatchError, LayoutError
+from entrepot.resharding.buffers import MemoryBuffer, ModelWeightBuffer, TensorMeta
+from entrepot.resharding.errors import LayoutError, ReshardError
 from entrepot.resharding.layout import ParallelLayout
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "ReshardStats", "Resharder"]
@@ -66,11 +74,7 @@ class ReshardStats:
     bytes_local: int = 0  # copied from this rank's own training shard
     output_bytes: int = 0  # the inference weights (ModelWeightBuffer)
     scratch_bytes: int = 0  # the arena: buckets + staging of the largest round
-
-
-def _region(tensor: torch.Tensor, seg: Segment, start: int) -> torch.Tensor:
-    flat = tensor.reshape(1) if tensor.dim() == 0 else tensor
-    return flat.narrow(seg.dim, start, seg.length)
+    transport: str = "local"  # how slices crossed ranks: "local" (none did), "shared_memory", "group"
 
 
 class Resharder:
@@ -86,6 +90,9 @@ class Resharder:
         verify: checksum every slice at both ends and round-trip every layout conversion;
             mismatches raise ``ChecksumMismatchError`` (see the module docstring for the cost).
         device: where the inference weights live (default: the training shard's device).
+        shared_memory: on CPU, exchange through shared memory when every rank of the group is on
+            this host (checked once, by mapping each other's arenas); False: always through
+            the process group.
 
     Example:
         >>> resharder = Resharder(adaptor, ParallelLayout(tp=2, pp=2), ParallelLayout(tp=1))
@@ -103,6 +110,7 @@ class Resharder:
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         verify: bool = False,
         device: torch.device | str | None = None,
+        shared_memory: bool = True,
     ) -> None:
         if infer_layout.pp != 1:
             raise LayoutError(f"the inference layout must have pp=1, got pp={infer_layout.pp}")
@@ -120,6 +128,9 @@ class Resharder:
         self._plan: ReshardPlan | None = None
         self._metas: list[dict[str, tuple[tuple[int, ...], torch.dtype]]] | None = None
         self._arena: MemoryBuffer | None = None
+        self._shared_memory = shared_memory  # turned off for good when a rank cannot map its peers
+        self._token: str | None = None  # names this resharder's shared-memory files
+        self._opened: SharedArenas | None = None  # opened while planning, for the next reshard
 
     # -- public ----------------------------------------------------------------------------
     def reshard(self, local_train_params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -135,25 +146,39 @@ class Resharder:
         start = time.perf_counter()
         rank, world = self._rank_world()
         local = {name: tensor.detach() for name, tensor in local_train_params.items()}
-        plan = self._plan_for(local, world)
-        weights = self._output_buffer(plan, rank, local)
-        arena = self._arena_buffer(plan, rank, weights.buffer.device)
-        stats = ReshardStats(num_rounds=len(plan.rounds), output_bytes=weights.nbytes)
+        device = self.device or next((t.device for t in local.values()), torch.device("cpu"))
+        plan = self._plan_for(local, rank, world, device)
+        weights = self._output_buffer(plan, rank, device)
+        shared = self._shared_arenas(plan, rank)
+        arena = None if shared is not None else self._arena_buffer(plan, rank, weights.buffer.device)
+        if shared is not None:
+            scratch = shared.mine
+        else:
+            scratch = arena.get("arena") if arena is not None else torch.empty(0, dtype=torch.uint8)
+        crosses = plan.crosses_ranks
+        stats = ReshardStats(
+            num_rounds=len(plan.rounds),
+            output_bytes=weights.nbytes,
+            scratch_bytes=scratch.numel(),
+            transport="local" if not crosses else "shared_memory" if shared is not None else "group",
+        )
         # [segment, (source checksum, destination checksum)]; the last row counts bad conversions.
         # On the weights' device so that NCCL/HCCL can reduce it.
         num_segments = sum(len(r.segments) for r in plan.rounds)
         checks = torch.zeros(num_segments + 1, 2, dtype=torch.int64, device=weights.buffer.device)
         conversions = ConversionCheck(self.adaptor)
         with torch.no_grad():
-            for rnd in plan.rounds:
-                self._run_round(rnd, rank, local, weights, arena, stats, checks, conversions)
+            for index, rnd in enumerate(plan.rounds):
+                if shared is not None and index > 0 and rnd.dtypes():
+                    dist.barrier(group=self.group)  # every rank has read the last round's arenas
+                self._run_round(rnd, rank, local, weights, scratch, shared, stats, checks, conversions)
+        del scratch, shared  # unmaps this rank's shared arena (peers keep theirs until they drop it)
         if arena is not None:
-            stats.scratch_bytes = arena.nbytes
             arena.destroy()
         if self.verify:
             failed = conversions.failures()
             checks[-1, 1] = len(failed)
-            self._verify(plan, checks, [f"rank {rank}: {line}" for line in failed])
+            raise_on_mismatch(plan, checks, [f"rank {rank}: {line}" for line in failed], self.group)
         stats.seconds = time.perf_counter() - start
         self.stats = stats
         return weights.named_tensors()
@@ -169,7 +194,9 @@ class Resharder:
             return 0, 1
         return dist.get_rank(self.group), dist.get_world_size(self.group)
 
-    def _plan_for(self, local: Mapping[str, torch.Tensor], world: int) -> ReshardPlan:
+    def _plan_for(
+        self, local: Mapping[str, torch.Tensor], rank: int, world: int, device: torch.device
+    ) -> ReshardPlan:
         meta = {name: (tuple(t.shape), t.dtype) for name, t in local.items()}
         metas: list[dict[str, tuple[tuple[int, ...], torch.dtype]]] = [meta]
         if world > 1:
@@ -177,19 +204,27 @@ class Resharder:
             dist.all_gather_object(metas, meta, group=self.group)
         if self._plan is None or metas != self._metas:
             self.train_layout.validate_world(world)
-            self._plan = build_plan(
-                self.adaptor, metas, self.train_layout, self.infer_layout, self.bucket_bytes
-            )
+            shared = self._shared_memory and device.type == "cpu" and world > 1
+            self._plan = self._build(metas, receive_buffers=not shared)
+            self._opened = None
+            if shared and self._plan.crosses_ranks:
+                # Try the arenas now: if some rank cannot map them, every rank plans for the group.
+                self._opened = self._open_shared(self._plan, rank)
+                if self._opened is None:
+                    self._shared_memory = False
+                    self._plan = self._build(metas, receive_buffers=True)
             self._metas = metas
             self.weights = None
             self._arena = None
         return self._plan
 
-    def _output_buffer(
-        self, plan: ReshardPlan, rank: int, local: Mapping[str, torch.Tensor]
-    ) -> ModelWeightBuffer:
+    def _build(self, metas: list[dict[str, TensorMeta]], receive_buffers: bool) -> ReshardPlan:
+        return build_plan(
+            self.adaptor, metas, self.train_layout, self.infer_layout, self.bucket_bytes, receive_buffers
+        )
+
+    def _output_buffer(self, plan: ReshardPlan, rank: int, device: torch.device) -> ModelWeightBuffer:
         if self.weights is None:
-            device = self.device or next((t.device for t in local.values()), torch.device("cpu"))
             needed = plan.needed(rank)
             meta: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
             for group in plan.groups:
@@ -213,6 +248,29 @@ class Resharder:
         scratch = {n: torch.empty(needed[n][0], dtype=needed[n][1]) for n in names}
         return {n: (tuple(t.shape), t.dtype) for n, t in self.adaptor.train_to_infer(scratch).items()}
 
+    def _open_shared(self, plan: ReshardPlan, rank: int) -> SharedArenas | None:
+        if self._token is None:
+            self._token = new_token(self.group)
+        sizes = [plan.arena_bytes(r) for r in range(plan.world_size)]
+        return open_shared_arenas(self._token, rank, sizes, self.group)
+
+    def _shared_arenas(self, plan: ReshardPlan, rank: int) -> SharedArenas | None:
+        """Every rank's arena in shared memory, for a plan made for them (None otherwise).
+
+        The first reshard of a plan uses the arenas opened when it was made; later ones open
+        them anew (the arenas are freed between reshards, as the group transport's are).
+        """
+        opened, self._opened = self._opened, None
+        if plan.receive_buffers or not plan.crosses_ranks:
+            return None
+        shared = opened or self._open_shared(plan, rank)
+        if shared is None:  # they could be mapped when the plan was made: /dev/shm filled up since
+            raise ReshardError(
+                f"rank {rank}: the shared-memory arenas ({plan.arena_bytes(rank)} bytes on this rank) "
+                f"could not be mapped in {SHM_DIR}; free space there or pass shared_memory=False"
+            )
+        return shared
+
     def _arena_buffer(self, plan: ReshardPlan, rank: int, device: torch.device) -> MemoryBuffer | None:
         """One byte arena holding a round's buckets and staging; sized for the largest round."""
         size = plan.arena_bytes(rank)
@@ -231,7 +289,8 @@ class Resharder:
         rank: int,
         local: Mapping[str, torch.Tensor],
         weights: ModelWeightBuffer,
-        arena: MemoryBuffer | None,
+        scratch: torch.Tensor,
+        shared: SharedArenas | None,
         stats: ReshardStats,
         checks: torch.Tensor,
         conversions: ConversionCheck,
@@ -240,7 +299,6 @@ class Resharder:
         assert self._plan is not None
         params = self._plan.params
         regions, _ = self._plan.scratch_layout(rnd, rank)
-        scratch = arena.get("arena") if arena is not None else torch.empty(0, dtype=torch.uint8)
 
         def carve(key: str, dtype: torch.dtype) -> torch.Tensor:
             offset, size = regions.get(key, (0, 0))
@@ -258,17 +316,26 @@ class Resharder:
 
         for seg in rnd.segments:
             if seg.src == rank == seg.dst:
-                source = _region(local[seg.name], seg, seg.src_start)
-                _region(targets[seg.name], seg, seg.dst_start).copy_(source)
+                source = region(local[seg.name], seg, seg.src_start)
+                region(targets[seg.name], seg, seg.dst_start).copy_(source)
                 stats.bytes_local += seg.nbytes
-        for dtype in rnd.dtypes():
-            self._exchange_dtype(rnd, dtype, rank, local, targets, carve, stats)
+        dtypes = rnd.dtypes()
+        if shared is None:
+            for dtype in dtypes:
+                exchange_dtype(self.group, rnd, dtype, rank, local, targets, carve, stats)
+        elif dtypes:
+            for dtype in dtypes:
+                pack(rnd, dtype, rank, local, carve, stats)
+            dist.barrier(group=self.group)  # every rank has packed this round
+            for dtype in dtypes:
+                read_shared(self._plan, rnd, dtype, rank, shared, targets, stats)
+        self._landed(rnd, rank, targets)
         if self.verify:  # every slice of the round at both ends, in one batched checksum per end
             sent = [seg for seg in rnd.segments if seg.src == rank]
             landed = [seg for seg in rnd.segments if seg.dst == rank]
             for end, segs, slices in (
-                (0, sent, [_region(local[seg.name], seg, seg.src_start) for seg in sent]),
-                (1, landed, [_region(targets[seg.name], seg, seg.dst_start) for seg in landed]),
+                (0, sent, [region(local[seg.name], seg, seg.src_start) for seg in sent]),
+                (1, landed, [region(targets[seg.name], seg, seg.dst_start) for seg in landed]),
             ):
                 if segs:
                     rows = torch.tensor([seg.index for seg in segs], device=checks.device)
@@ -283,76 +350,5 @@ class Resharder:
             if self.verify:  # what landed in the output buffer must map back to the staged shard
                 conversions.add({n: targets[n] for n in names}, {n: weights[n] for n in converted})
 
-    def _exchange_dtype(
-        self,
-        rnd: Round,
-        dtype: torch.dtype,
-        rank: int,
-        local: Mapping[str, torch.Tensor],
-        targets: Mapping[str, torch.Tensor],
-        carve: Callable[[str, torch.dtype], torch.Tensor],
-        stats: ReshardStats,
-    ) -> None:
-        """Pack this rank's payloads of ``dtype``, exchange them, unpack what arrived."""
-        sends: list[tuple[torch.Tensor, int]] = []
-        for index, payload in enumerate(rnd.payloads(rank, dtype)):
-            flat = carve(f"send:{dtype}:{index}", dtype)
-            offset = 0
-            for seg in payload.segments:
-                region = _region(local[seg.name], seg, seg.src_start)
-                flat[offset : offset + seg.numel].view(region.shape).copy_(region)
-                offset += seg.numel
-            sends.extend((flat, dst) for dst in payload.dsts)
-            stats.bytes_sent += payload.nbytes * len(payload.dsts)
-        incoming = rnd.incoming(rank, dtype)
-        recvs = [(carve(f"recv:{dtype}:{src}", dtype), src) for src in incoming]
-        self._exchange(sends, recvs)
-        stats.num_collectives += 1
-        for (flat, _), segs in zip(recvs, incoming.values(), strict=True):
-            offset = 0
-            for seg in segs:
-                target = _region(targets[seg.name], seg, seg.dst_start)
-                target.copy_(flat[offset : offset + seg.numel].view(target.shape))
-                offset += seg.numel
-                stats.bytes_received += seg.nbytes
-
-    def _exchange(self, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]]) -> None:
-        """One bucketed exchange: every ``(tensor, peer)`` send and receive, posted together.
-
-        Peers are ranks of ``self.group``; each pair of ranks exchanges at most one message per
-        call, so messages cannot be confused.
-        """
-
-        def peer(rank: int) -> int:
-            return rank if self.group is None else dist.get_global_rank(self.group, rank)
-
-        ops = [dist.P2POp(dist.isend, t.view(torch.uint8), peer(r), self.group) for t, r in sends]
-        ops += [dist.P2POp(dist.irecv, t.view(torch.uint8), peer(r), self.group) for t, r in recvs]
-        if ops:
-            for request in dist.batch_isend_irecv(ops):
-                request.wait()
-
-    # -- verification ----------------------------------------------------------------------
-    def _verify(self, plan: ReshardPlan, checks: torch.Tensor, failed_conversions: list[str]) -> None:
-        """Raise ``ChecksumMismatchError`` on every rank if any rank saw a mismatch."""
-        if plan.world_size > 1:
-            dist.all_reduce(checks, group=self.group)
-        checks = checks.cpu()
-        failures = int(checks[-1, 1])
-        bad = (checks[:-1, 0] != checks[:-1, 1]).nonzero().flatten().tolist()
-        if not bad and not failures:
-            return
-        if failures and plan.world_size > 1:  # every rank gets here together: the count was reduced
-            gathered: list[list[str]] = [[] for _ in range(plan.world_size)]
-            dist.all_gather_object(gathered, failed_conversions, group=self.group)
-            failed_conversions = [line for lines in gathered for line in lines]
-        segments = {s.index: s for r in plan.rounds for s in r.segments}
-        lines = [
-            f"{s.name!r} rank {s.src} -> rank {s.dst}, dim {s.dim} [{s.dst_start}:{s.dst_start + s.length}]"
-            for s in (segments[i] for i in bad[:5])
-        ]
-        raise ChecksumMismatchError(
-            f"resharded weights differ from their source: {len(bad)} slice(s) and {failures} "
-            f"layout conversion(s) failed verification; first slices: {'; '.join(lines) or 'none'}; "
-            f"first conversions: {'; '.join(failed_conversions[:5]) or 'none'}"
-        )
+    def _landed(self, rnd: Round, rank: int, targets: Mapping[str, torch.Tensor]) -> None:
+        """Called when a round's slices are in place, before they are checked (a seam for tests)."""
