@@ -185,7 +185,7 @@ SITES: dict[tuple[str, str, str], Entry] = {
     ("dock/_dispatch.py", "dispatch_get", "broadcast_object_list"): _TORCH_WORLD,
     # -- entrepot-resharding ---------------------------------------------------------------------
     ("resharding/resharder.py", "Resharder._plan_for", "all_gather_object"): _TORCH_WORLD,
-    ("resharding/resharder.py", "Resharder._verify", "all_gather_object"): _TORCH_WORLD,
+    ("resharding/_conversion_check.py", "raise_on_mismatch", "all_gather_object"): _TORCH_WORLD,
     # -- entrepot-cli ----------------------------------------------------------------------------
     ("cli/_dock_report.py", "launch_client", "ray.init"): Entry(
         "ray", "Ray's own servers (a local Ray for the report)", "Ray's token auth (RAY_AUTH_MODE)"

@@ -40,9 +40,10 @@ class SharedArenas:
 
 def new_token(group: dist.ProcessGroup | None) -> str:
     """A name shared by the ranks of ``group`` (rank 0 draws it), unique to one ``Resharder``."""
-    token = [secrets.token_hex(8) if dist.get_rank(group) == 0 else ""]
-    dist.broadcast_object_list(token, group_src=0, group=group)
-    return str(token[0])
+    drawn = secrets.token_bytes(8) if dist.get_rank(group) == 0 else bytes(8)
+    token = torch.frombuffer(bytearray(drawn), dtype=torch.uint8).clone()  # a tensor: nothing is pickled
+    dist.broadcast(token, group_src=0, group=group)
+    return bytes(token.tolist()).hex()
 
 
 def _path(token: str, rank: int) -> str:
