@@ -25,7 +25,7 @@ from __future__ import annotations
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,8 +44,9 @@ __all__ = ["Admit", "RolloutLoop", "RolloutStats"]
 Admit = Callable[[int, int], tuple[list[int], list[torch.Tensor]]]
 """(groups, version) -> (first dock row of each admitted group, each group's prompt tokens)."""
 
-Score = Callable[[Sequence[int]], None]
-"""Scores the dock rows given (their responses are in the dock): puts rm_scores and accuracy."""
+Score = Callable[[Sequence[int]], Mapping[str, float]]
+"""Scores the dock rows given (their responses are in the dock): puts rm_scores and accuracy; returns
+the reward stage's metrics (``code_tests``' verdict counts, summed into `RolloutStats.reward`)."""
 
 _IDLE_S = 0.02  # sleep between looks when nothing is in flight and nothing may start
 
@@ -73,6 +74,7 @@ class RolloutStats:
     in_flight_updates: int = 0  # loads that happened with responses in flight
     version: int = -1
     multiturn: MultiTurnTotals = field(default_factory=MultiTurnTotals)  # the trajectories' metrics
+    reward: dict[str, float] = field(default_factory=dict)  # the scorer's counts (reward/code_<verdict>)
 
     def metrics(self, wall_s: float) -> dict[str, float]:
         out = {
@@ -84,6 +86,7 @@ class RolloutStats:
             "async/in_flight_updates": float(self.in_flight_updates),
         }
         out.update({k: v for k, v in self.multiturn.metrics().items() if k != "rollout_tokens"})
+        out.update(self.reward)
         if self.loads:
             out["async/weight_sync_s"] = self.load_s / self.loads
             out["async/weight_sync_gbps"] = self.load_bytes / max(self.load_s, 1e-9) / 1e9
@@ -226,7 +229,7 @@ class RolloutLoop:
         finished = self._finished_groups(done, left)
         if finished:
             self.doing = f"scoring {len(finished)} group(s)"
-            self.score([g + j for g in finished for j in range(self.n)])
+            self._score([g + j for g in finished for j in range(self.n)])
             self.ledger.finish(finished)
         return left
 
@@ -249,9 +252,17 @@ class RolloutLoop:
             self._stats.multiturn.add(metrics)
         finished = sorted({s.row - s.row % self.n for s in active})
         self.doing = f"scoring {len(finished)} group(s)"
-        self.score([g + j for g in finished for j in range(self.n)])
+        self._score([g + j for g in finished for j in range(self.n)])
         self.ledger.finish(finished)
         return []
+
+    def _score(self, rows: list[int]) -> None:
+        """Score `rows`; their verdict counts add to the stats since the last `take_stats` (seconds are
+        the rollout's busy time already)."""
+        counts = {k: v for k, v in self.score(rows).items() if not k.startswith("time/")}
+        with self._stats_lock:
+            for key, value in counts.items():
+                self._stats.reward[key] = self._stats.reward.get(key, 0.0) + value
 
     def _put(self, done: list[_Slot]) -> None:
         lengths = torch.tensor([s.tokens.numel() for s in done], dtype=torch.int64)

@@ -176,5 +176,5 @@ class RolloutWorker:
         self.ledger.admit(first_rows, positions, version)
         return first_rows, prompts
 
-    def _score(self, rows: Sequence[int]) -> None:
-        self.scorer.score_rows(self._dock, rows)
+    def _score(self, rows: Sequence[int]) -> dict[str, float]:
+        return self.scorer.score_rows(self._dock, rows)
