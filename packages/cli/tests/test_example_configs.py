@@ -72,6 +72,11 @@ RUN_BY = {
         "test_smollm2_config_trains_two_steps_and_its_export_loads",
         "2 steps on SmolLM2-135M-Instruct (fixture smollm2), batch shrunk; the merged export loads",
     ),
+    "code-tests.yaml": (
+        "test_example_configs.py",
+        "test_code_tests_config_scores_every_response_in_the_sandbox",
+        "2 steps, one process; every response's verdict counted, samples carry verdicts",
+    ),
     "local-hf-jsonl-cpu.yaml": (
         "test_example_configs.py",
         "test_local_hf_jsonl_config_trains_on_cpu",
@@ -97,6 +102,30 @@ def test_local_hf_jsonl_config_trains_on_cpu(
     assert steps == [1, 2]
     assert (run_dir / "curves.png").is_file()
     assert "GRPO run summary" in result.stdout
+
+
+@pytest.mark.integration  # a training run
+def test_code_tests_config_scores_every_response_in_the_sandbox(
+    runner: CliRunner, configs_dir: Path, tmp_path: Path
+) -> None:
+    """The code_tests reward inside real steps: the reward worker runs each response in the sandbox."""
+    args = ["grpo", "train", "-c", str(configs_dir / "code-tests.yaml"), "-o", str(tmp_path), "--max-steps=2"]
+    args += ["-q", "eval.num_prompts=8", "logging.tensorboard=false", "checkpoint.save_every=0"]
+    result = runner.invoke(app, args, env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    run_dir = next(tmp_path.iterdir())
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    verdicts = ("pass", "fail", "timeout", "crash", "memory", "syntax")
+    for record in records:  # 8 prompts x 4 samples scored per step, each ended as one verdict
+        assert sum(record[f"reward/code_{v}"] for v in verdicts) == 8 * 4, record
+        assert 0 <= record["reward/code_isolated"] <= 8 * 4
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert {s["step"] for s in samples} == {1, 2}
+    for sample in samples:
+        assert sample["code"]["verdict"] in verdicts
+        assert sample["code"]["total"] == len(json.loads(sample["answer"])) >= 2
+        assert sample["parts"]["code_tests"] == sample["code"]["passed"] / sample["code"]["total"]
 
 
 @pytest.mark.integration  # a training run

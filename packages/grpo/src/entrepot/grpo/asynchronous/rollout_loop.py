@@ -229,7 +229,7 @@ class RolloutLoop:
         finished = self._finished_groups(done, left)
         if finished:
             self.doing = f"scoring {len(finished)} group(s)"
-            self._add_reward(self.score([g + j for g in finished for j in range(self.n)]))
+            self._score([g + j for g in finished for j in range(self.n)])
             self.ledger.finish(finished)
         return left
 
@@ -254,9 +254,13 @@ class RolloutLoop:
             self._stats.multiturn.add(metrics)
         finished = sorted({s.row - s.row % self.n for s in active})
         self.doing = f"scoring {len(finished)} group(s)"
-        self._add_reward(self.score([g + j for g in finished for j in range(self.n)]))
+        self._score([g + j for g in finished for j in range(self.n)])
         self.ledger.finish(finished)
         return []
+
+    def _score(self, rows: list[int]) -> None:
+        """Score `rows`; the reward stage's counters add to the figures since the last `take_stats`."""
+        self._add_reward(self.score(rows))
 
     def _put(self, done: list[_Slot]) -> None:
         lengths = torch.tensor([s.tokens.numel() for s in done], dtype=torch.int64)

@@ -34,6 +34,7 @@ __all__ = [
     "check_reference",
     "check_rollout_dtype",
     "check_rollout_engine",
+    "check_task_reward",
     "check_truncation_mask",
     "check_workers",
 ]
@@ -54,14 +55,26 @@ def check_reference(model: ModelConfig, algorithm: AlgorithmConfig) -> None:
 
 def check_model_source(model: ModelConfig, data: DataConfig) -> None:
     """File prompts and word problems need a local model's tokenizer; only the character tasks
-    (reverse, addition) run on the built decoder."""
+    (reverse, addition, and code_functions with its printable alphabet) run on the built decoder."""
     check(
-        model.path is not None or data.task in ("reverse", "addition"),
+        model.path is not None or data.task in ("reverse", "addition", "code_functions"),
         "model.path",
         None,
         f"a local HF model directory when data.task={data.task!r} (its prompts are text: they need "
         "the model's tokenizer)",
     )
+
+
+def check_task_reward(data: DataConfig, reward: RewardConfig) -> None:
+    """The code_functions task's gold answers are tests: only ``code_tests`` reads them (any other
+    verifier would score a response against a JSON list of asserts)."""
+    if data.task != "code_functions":
+        return
+    check("code_tests" in reward.verifiers, "reward.verifiers", reward.verifiers,
+          "a mapping that names code_tests when data.task='code_functions' (its answers are hidden "
+          "tests), e.g. {code_tests: 1.0}")  # fmt: skip
+    check(reward.accuracy_verifier == "code_tests", "reward.accuracy_verifier", reward.accuracy_verifier,
+          "code_tests when data.task='code_functions' (correct = every hidden test passed)")  # fmt: skip
 
 
 def check_batches(rollout: RolloutConfig, algorithm: AlgorithmConfig) -> None:

@@ -16,7 +16,7 @@ from entrepot.grpo.config.word_problems import WordProblemsConfig
 
 __all__ = ["Architecture", "DataConfig", "ModelConfig", "ReferenceDtype", "TaskName"]
 
-TaskName = Literal["reverse", "addition", "word_problems", "jsonl", "parquet"]
+TaskName = Literal["reverse", "addition", "word_problems", "code_functions", "jsonl", "parquet"]
 Architecture = Literal["gpt2", "qwen2"]
 ReferenceDtype = Literal["float32", "bfloat16"]
 
@@ -113,7 +113,9 @@ class DataConfig:
         default="reverse",
         metadata=doc(
             "reverse | addition (synthetic, character tokenizer) | word_problems (generated arithmetic "
-            "word problems, GSM8K '#### N' answers; needs model.path) | jsonl | parquet (local files)."
+            "word problems, GSM8K '#### N' answers; needs model.path) | code_functions (generated "
+            "Python function-writing problems with hidden tests, scored by code_tests) | jsonl | parquet "
+            "(local files)."
         ),
     )
     num_digits: int = field(default=8, metadata=doc("Digits per operand of the synthetic tasks."))

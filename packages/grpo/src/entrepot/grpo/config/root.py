@@ -73,6 +73,7 @@ class GRPOConfig:
             check(bool(self.name) and "/" not in self.name, "name", self.name, "a non-empty name without '/'")
         checks.check_reference(self.model, self.algorithm)
         checks.check_model_source(self.model, self.data)
+        checks.check_task_reward(self.data, self.reward)
         checks.check_batches(self.rollout, self.algorithm)
         checks.check_workers(self.rollout, self.resources, self.dock)
         checks.check_colocation(self.resources, self.engine)

@@ -60,11 +60,13 @@ def check_dock_groups(data: DataConfig, rollout: RolloutConfig, dock: DockConfig
 def check_positions(
     data: DataConfig, rollout: RolloutConfig, model: ModelConfig, multiturn: MultiTurnConfig | None = None
 ) -> None:
-    """A synthetic prompt plus its response must fit the built decoder's learned positions.
+    """A prompt plus its response must fit the built decoder's learned positions (a character task's
+    prompt is its fixed width; code_functions' is data.max_prompt_tokens, each prompt checked against
+    it by `run.preflight`).
 
     A local model's positions are checked once its directory is read (`run.preflight`).
     """
-    if data.task not in SYNTHETIC_TASKS or model.path is not None:
+    if model.path is not None:  # the built decoder serves only the character tasks (config checks)
         return
     need = longest_sequence(data, rollout, multiturn)
     what = "multiturn.max_tokens" if multiturn is not None and multiturn.enabled else "response"

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from entrepot.grpo.data.sources import TaskSetup
+from entrepot.grpo.data.tasks import CharTokenizer
 from entrepot.grpo.errors import DataError
 
 __all__ = ["check_prompt_lengths"]
@@ -48,6 +49,8 @@ def check_prompt_lengths(setup: TaskSetup, prompts: Sequence[str], max_tokens: i
 def _lengths(setup: TaskSetup, prompts: list[str]) -> list[int]:
     """Token count of each prompt as `encode_prompt` encodes it."""
     tok = setup.tokenizer
+    if isinstance(tok, CharTokenizer):  # one token a character (code_functions on the built decoder)
+        return [len(tok.encode(p)) for p in prompts]
     if setup.use_chat_template:
         conversations = [[{"role": "user", "content": p}] for p in prompts]
         texts = tok.apply_chat_template(conversations, add_generation_prompt=True, tokenize=False)

@@ -1,4 +1,5 @@
-"""Prompt sources: the built-in synthetic tasks, generated word problems, or local jsonl / parquet files.
+"""Prompt sources: the built-in synthetic tasks, generated word problems and code problems, or local
+jsonl / parquet files.
 
 File datasets are read whole (prompts are small), shuffled per epoch with a seeded permutation,
 and served as an endless stream indexed by position, so resuming needs only the position.
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from entrepot.grpo import _install
+from entrepot.grpo.data.code_functions import CODE_ALPHABET, code_split
 from entrepot.grpo.data.lengths import response_budget
 from entrepot.grpo.data.tasks import (
     DEFAULT_ALPHABET,
@@ -166,6 +168,10 @@ def _alphabet(config: GRPOConfig) -> str:
     return MULTITURN_ALPHABET if config.multiturn.enabled else DEFAULT_ALPHABET
 
 
+def _has_chat_template(tokenizer: Any) -> bool:
+    return getattr(tokenizer, "chat_template", None) is not None
+
+
 def build_task(config: GRPOConfig, tokenizer: Any | None = None) -> TaskSetup:
     """Tokenizer + prompt source for `config.data` (a loaded HF tokenizer is passed for model.path)."""
     data = config.data
@@ -174,11 +180,21 @@ def build_task(config: GRPOConfig, tokenizer: Any | None = None) -> TaskSetup:
         tok = tokenizer if tokenizer is not None else CharTokenizer(_alphabet(config))
         budget = response_budget(data, config.rollout)
         return TaskSetup(tokenizer=tok, source=task, max_new_tokens=budget, use_chat_template=False)
+    if data.task == "code_functions":  # a fixed set of problems with a held-out split
+        train, held = code_split()
+        tok = tokenizer if tokenizer is not None else CharTokenizer(CODE_ALPHABET)
+        chat = tokenizer is not None and data.apply_chat_template and _has_chat_template(tokenizer)
+        return TaskSetup(
+            tokenizer=tok,
+            source=FileDataset(train, held, seed=config.seed, shuffle=data.shuffle),
+            max_new_tokens=response_budget(data, config.rollout),
+            use_chat_template=chat,
+        )
     if tokenizer is None:
         raise DataError(
             f"data.task={data.task!r} needs a tokenizer: set model.path to a local HF model directory"
         )
-    chat = data.apply_chat_template and getattr(tokenizer, "chat_template", None) is not None
+    chat = data.apply_chat_template and _has_chat_template(tokenizer)
     budget = response_budget(data, config.rollout)
     if data.task == "word_problems":
         problems = WordProblems(data.word_problems, seed=config.seed)

@@ -188,11 +188,11 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
         problems = build_task(config, tokenizer)
         prompts = [s.prompt for s in problems.source.held_out(HELD_OUT_POOL if every_prompt else 64)]
         check_prompt_lengths(problems, prompts, config.data.max_prompt_tokens)
-    if config.data.task not in ("jsonl", "parquet"):
+    if config.data.task not in ("jsonl", "parquet", "code_functions"):
         return
 
-    setup = build_task(config, tokenizer)  # reads and checks both prompt files
-    assert isinstance(setup.source, FileDataset)  # data.task is jsonl or parquet
+    setup = build_task(config, tokenizer)  # reads and checks both prompt files (or makes the problems)
+    assert isinstance(setup.source, FileDataset)  # data.task is jsonl, parquet or code_functions
     # every gold answer is readable by every math verifier (a RewardError naming the row otherwise)
     verifiers = [*config.reward.verifiers, config.reward.accuracy_verifier]
     rewards.check_gold_answers(verifiers, [s.answer for s in setup.source.samples()])
