@@ -88,6 +88,7 @@ class GRPOConfig:
                            self.reward, self.model)  # fmt: skip
         checks.check_multiturn(self.multiturn, self.rollout, self.algorithm, self.parallel, self.data,
                                self.reward)  # fmt: skip
+        checks.check_distill(self.algorithm, self.engine, self.trainer, self.rollout, self.parallel)
 
     @property
     def run_name(self) -> str:
