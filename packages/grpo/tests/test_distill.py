@@ -121,11 +121,15 @@ def test_the_config_refuses_what_distillation_does_not_run_with() -> None:
         r"engine\.train \('megatron'\) must be 'torch' .*megatron is not wired": ["engine.train=megatron"],
         r"trainer\.mode \('async'\) must be 'sync'": ["trainer.mode=async"],
         r"rollout\.partial_max_tokens \(4\) must be null": ["rollout.partial_max_tokens=4"],
-        r"algorithm\.distill\.coef \(0\.0\) must be > 0 when .*reward_weight is 0": ["algorithm.distill.coef=0"],
+        r"algorithm\.distill\.coef \(0\.0\) must be > 0 when .*reward_weight is 0": [
+            "algorithm.distill.coef=0"
+        ],
         r"algorithm\.distill\.teachers .* must be empty: a teacher per row .* not built yet": [
             "algorithm.distill.teachers={a: some/teacher}"
         ],
-        r"algorithm\.distill\.teacher_column \('task'\) must be null": ["algorithm.distill.teacher_column=task"],
+        r"algorithm\.distill\.teacher_column \('task'\) must be null": [
+            "algorithm.distill.teacher_column=task"
+        ],
     }
     for message, overrides in refusals.items():
         with pytest.raises(GRPOConfigError, match=message):
@@ -183,8 +187,9 @@ def test_two_distillation_steps_score_the_rollout_tokens_at_its_temperature(
 
     temperature = 0.8
     config = load_config(None, [
-        *QUICK, "max_steps=2", f"rollout.temperature={temperature}", f"algorithm.distill.teacher={teacher_run}",
-        "algorithm.distill.coef=1.0", "algorithm.distill.reward_weight=0.5",
+        *QUICK, "max_steps=2", f"rollout.temperature={temperature}",
+        f"algorithm.distill.teacher={teacher_run}", "algorithm.distill.coef=1.0",
+        "algorithm.distill.reward_weight=0.5",
     ])  # fmt: skip
     check_inputs(config)
     seen: list[dict[str, Any]] = []
@@ -194,10 +199,13 @@ def test_two_distillation_steps_score_the_rollout_tokens_at_its_temperature(
         """The real stage; then what it wrote, read from the dock without consuming (rows of the step)."""
         stats = stage(worker, dock, count, rows)
         live = torch.arange(config.rollout.batch_size)
-        got = dock.peek(["prompts", "responses", "teacher_log_prob", "student_log_prob"], live, layout="packed")
-        seen.append({"prompts": got.columns["prompts"], "prompt_lengths": got.lengths["prompts"],
-                     "responses": got.columns["responses"], "response_lengths": got.lengths["responses"],
-                     "teacher": got.columns["teacher_log_prob"], "student": got.columns["student_log_prob"]})  # fmt: skip
+        got = dock.peek(
+            ["prompts", "responses", "teacher_log_prob", "student_log_prob"], live, layout="packed"
+        )
+        data, lengths = got.columns, got.lengths
+        seen.append({"prompts": data["prompts"], "prompt_lengths": lengths["prompts"],
+                     "responses": data["responses"], "response_lengths": lengths["responses"],
+                     "teacher": data["teacher_log_prob"], "student": data["student_log_prob"]})  # fmt: skip
         return stats
 
     monkeypatch.setattr(ActorWorker, "teacher_logprobs", recording)
@@ -227,4 +235,15 @@ def test_two_distillation_steps_score_the_rollout_tokens_at_its_temperature(
     torch.testing.assert_close(kl, offline_kl, atol=1e-5, rtol=0)  # each sample's summed KL
     untempered = _offline_logprobs(teacher.eval(), first, 1.0)
     assert (first["teacher"] - untempered).abs().max() > 1e-3  # the temperature was applied
-    assert rows[0]["distill/reverse_kl"] == pytest.approx(float((kl.sum() / lengths.sum())), abs=1e-5)
+    assert rows[0]["distill/reverse_kl"] == pytest.approx(float(kl.sum() / lengths.sum()), abs=1e-5)
+
+
+def test_the_docs_yaml_block_is_a_valid_config() -> None:
+    import yaml
+
+    from entrepot.grpo.config import config_from_dict
+
+    text = (Path(__file__).parents[1] / "docs" / "distillation.md").read_text()
+    block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    distill = config_from_dict(yaml.safe_load(block)).algorithm.distill
+    assert (distill.teacher, distill.coef, distill.reward_weight) == ("runs/teacher-run", 1.0, 0.0)
