@@ -22,6 +22,7 @@ _DOCK_SHORT = {
     "rule_reward": "reward",
     "ref_log_prob": "ref",
     "actor_log_prob": "old_logp",
+    "teacher_log_prob": "teacher",
     "compute_advantage": "adv",
     "actor_train": "train",
     "grpo_metrics": "metrics",

@@ -36,6 +36,7 @@ DOCK_CONSUMERS = (
     "rule_reward",
     "ref_log_prob",
     "actor_log_prob",
+    "teacher_log_prob",  # on-policy distillation's teacher stage
     "compute_advantage",
     "actor_train",
     "grpo_metrics",

@@ -3,10 +3,9 @@
     1-3. sample: put prompts (n samples each) -> rollout (actor in infer mode) -> [reward models]
          -> rule reward; the sampling mode (`sampling.py`) decides which rows the step trains
          (asynchronous training: the next finished groups of the rollout running beside the step)
-    4-5. reference log-probs -> old log-probs (skipped when provably equal to the current ones: one
-         epoch, one mini-batch); in the rollout's phase, or after it when the rows change (dynamic
-         sampling)
-    6.   advantages (here, in the driver; `algorithm.advantage` chooses the estimator once)
+    4-5. reference -> old (skipped when provably equal to the current ones: one epoch, one
+         mini-batch) -> [teacher] log-probs; in the rollout's phase, or after it when the rows change
+    6.   advantages (in the driver; `algorithm.advantage` chooses the estimator; distillation: per token)
     7.   actor update: each DP rank trains the rows planned for it, gradients summed over ranks
     8.   metrics, a few samples (step 1, then every `logging.samples_every`), evaluation, clear
 
@@ -49,6 +48,7 @@ from entrepot.grpo.workers import (
     tensor_text,
     wait_all,
 )
+from entrepot.grpo.workers._teacher import DISTILL_COLUMNS, TOKEN_ADVANTAGES, distill_advantages
 
 __all__ = ["PROMPTS_KEY", "SAMPLES_KEY", "GRPOStep"]
 
@@ -301,6 +301,8 @@ class GRPOStep:
             starts.append(lambda: self.actors.call(ActorWorker.reference_logprobs, self.dock, count, mine))
         if self._need_old(num_groups * self.rollout.n_samples_per_prompt):
             starts.append(lambda: self.actors.call(ActorWorker.old_logprobs, self.dock, count, mine))
+        if self.algorithm.distill.enabled:  # teacher and student log-probs at the rollout's temperature
+            starts.append(lambda: self.actors.call(ActorWorker.teacher_logprobs, self.dock, count, mine))
         return starts
 
     def _need_old(self, num_rows: int) -> bool:
@@ -338,6 +340,7 @@ class GRPOStep:
             "response_length",
             *(["ref_log_prob", "old_log_prob"] if kl_in_reward else []),
             *(["model_mask"] if self.multiturn else []),
+            *(DISTILL_COLUMNS if algo.distill.enabled else []),
         ]
         batch = self.dock.get("compute_advantage", columns, rows.numel(), indexes=rows, layout="packed",
                               timeout=self.resources.stage_timeout_s)  # fmt: skip
@@ -355,6 +358,10 @@ class GRPOStep:
             metrics["reward/kl_penalty"] = float((algo.kl_coef * kl).mean())
         advantages = self.estimator(rewards, self.rollout.n_samples_per_prompt, model_tokens)  # [B]
         self.dock.put({"advantages": advantages}, batch.indexes)
+        if algo.distill.enabled:  # one advantage per token from the teacher (`workers._teacher`)
+            tokens, distilled = distill_advantages(batch, advantages, algo.distill, self.multiturn)
+            self.dock.put({TOKEN_ADVANTAGES: tokens}, batch.indexes)
+            metrics.update(distilled)
         return scores, metrics
 
     def _update_plan(self, rows: torch.Tensor) -> tuple[list[list[list[int]]], dict[str, float]]:

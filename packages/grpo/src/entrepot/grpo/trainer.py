@@ -113,6 +113,8 @@ class Trainer:
             ])  # fmt: skip
             ready = time.perf_counter()
             say(self._wait([self.actors.call(ActorWorker.rollout_engine)])[0][0])
+            if config.algorithm.distill.enabled:
+                say(self._wait([self.actors.call(ActorWorker.teacher_description)])[0][0])
             if resume is not None:
                 say("restoring the newest checkpoint")
                 self._resume(resume, say)

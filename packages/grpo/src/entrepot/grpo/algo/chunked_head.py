@@ -108,6 +108,7 @@ def chunked_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = False,
     rows: int | None = None,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of each label under logits hidden @ weight^T, and the entropy there, chunk by chunk.
 
@@ -118,6 +119,8 @@ def chunked_logprobs(
         with_entropy: also return the entropy.
         entropy_grad: keep the entropy in the autograd graph (only when it is in the loss).
         rows: rows per chunk; None = `chunk_rows(V)`.
+        temperature: the logits are (hidden @ weight^T) / temperature, computed as (hidden /
+            temperature) @ weight^T (the same up to rounding; gradients flow through the division).
 
     Returns:
         logp [R] and entropy [R] (or None), float32, on `hidden`'s device. A lower-precision model
@@ -125,6 +128,8 @@ def chunked_logprobs(
     """
     if weight.dtype != torch.float32:
         hidden, weight = hidden.float(), weight.float()
+    if temperature != 1.0:
+        hidden = hidden / temperature  # [R, E]
     logp, entropy = _ChunkedHead.apply(
         hidden, weight, labels, rows or chunk_rows(weight.shape[0]), with_entropy
     )

@@ -311,6 +311,7 @@ def response_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = False,
     pad_token_id: int = 0,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of each response token under `model`, and the policy entropy at that position.
 
@@ -325,6 +326,8 @@ def response_logprobs(
         with_entropy: also return the entropy of the next-token distribution.
         entropy_grad: keep the entropy in the autograd graph (only when it is in the loss).
         pad_token_id: fill of the padded grid.
+        temperature: the distribution is softmax(logits / temperature) (a teacher and its student
+            scored at the rollout's temperature); 1 leaves the logits untouched.
 
     Returns:
         logp [R] and entropy [R] (or None), on the model's device.
@@ -340,12 +343,13 @@ def response_logprobs(
         else:
             hidden = hidden_states.padded_hidden(model, batch, keep, pad_token_id)
         return chunked_logprobs(hidden, head, labels.to(hidden.device), with_entropy=with_entropy,
-                                entropy_grad=entropy_grad)  # fmt: skip
+                                entropy_grad=entropy_grad, temperature=temperature)  # fmt: skip
     if packed:
         logits = _packed_logits(model, batch, keep)
     else:
         logits = _padded_logits(model, batch, keep, pad_token_id)
-    log_probs = F.log_softmax(logits.float(), dim=-1)  # [R, V]
+    logits = logits.float() if temperature == 1.0 else logits.float() / temperature  # [R, V]
+    log_probs = F.log_softmax(logits, dim=-1)  # [R, V]
     labels = labels.to(log_probs.device)  # [R]
     logp = log_probs.gather(-1, labels[:, None]).squeeze(-1)  # [R]
     entropy = None

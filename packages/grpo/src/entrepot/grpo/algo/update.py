@@ -107,16 +107,19 @@ def compute_logprobs(
     *,
     pad_token_id: int = 0,
     lanes: int = 1,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
     """Log-probs [R] of every response token of `batch` under `model` (CPU, row after row).
 
-    `lanes` > 1 splits each micro-batch over that many threads (`entrepot.grpo.embedded.lanes`).
+    `lanes` > 1 splits each micro-batch over that many threads (`entrepot.grpo.embedded.lanes`);
+    `temperature` scores under softmax(logits / temperature) (`response_logprobs`).
     """
     out = torch.empty(batch.num_response_tokens, dtype=torch.float32)
     packed = config.remove_padding
 
     def lane(rows: torch.Tensor) -> torch.Tensor:
-        return response_logprobs(model, batch.select(rows), packed=packed, pad_token_id=pad_token_id)[0]
+        return response_logprobs(model, batch.select(rows), packed=packed, pad_token_id=pad_token_id,
+                                 temperature=temperature)[0]  # fmt: skip
 
     for rows in micro_batches(batch.lengths, config, pass_name):
         if rows.numel() == 0:
@@ -150,6 +153,8 @@ class UpdateInputs:
         model_mask: [R] bool, the tokens the model sampled (None: all). Multi-turn rows hold the
             environment's tokens too: they condition the model's later tokens in the forward pass, but
             the loss, its normaliser and every diagnostic count the model's tokens only.
+        token_advantages: [R] one advantage per response token (distillation, `algo.distill`), used
+            instead of `advantages` broadcast over each response; None: per response.
     """
 
     batch: ResponseBatch
@@ -162,6 +167,7 @@ class UpdateInputs:
     behaviour_logp: torch.Tensor | None = None
     correction: CorrectionConfig | None = None
     model_mask: torch.Tensor | None = None
+    token_advantages: torch.Tensor | None = None
 
     def model_lengths(self, rows: torch.Tensor) -> torch.Tensor:
         """int64 [K] tokens of each of `rows` the model sampled (the whole response without a mask)."""
@@ -314,7 +320,10 @@ def micro_batch_loss(
     device = logp.device
     old = logp.detach() if inputs.old_logp is None else _values(inputs, inputs.old_logp, picked, device)
     ref = None if inputs.ref_logp is None else _values(inputs, inputs.ref_logp, picked, device)
-    advantages = sub.per_token(inputs.advantages[picked].to(device))
+    if inputs.token_advantages is None:  # one per response, on each of its tokens
+        advantages = sub.per_token(inputs.advantages[picked].to(device))
+    else:
+        advantages = _values(inputs, inputs.token_advantages, picked, device)
     kept = None if inputs.keep is None else sub.per_token(inputs.keep[picked])  # [R] bool
     behaviour = None if not inputs.corrected else _values(inputs, inputs.behaviour_logp, picked, device)  # type: ignore[arg-type]
     lengths = sub.response_lengths

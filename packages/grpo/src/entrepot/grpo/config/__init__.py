@@ -21,6 +21,7 @@ from entrepot.grpo.config.algorithm import AlgorithmConfig
 from entrepot.grpo.config.audit import AuditConfig
 from entrepot.grpo.config.batching import BatchingConfig, PassBatchingConfig
 from entrepot.grpo.config.correction import CorrectionConfig
+from entrepot.grpo.config.distill import DistillConfig
 from entrepot.grpo.config.engine import EngineConfig, InferParallelConfig, ParallelConfig, TrainParallelConfig
 from entrepot.grpo.config.loading import config_from_dict, config_to_dict, dump_yaml, load_config
 from entrepot.grpo.config.lora import LoraConfig
@@ -42,6 +43,7 @@ __all__ = [
     "CodeRewardConfig",
     "CorrectionConfig",
     "DataConfig",
+    "DistillConfig",
     "DockConfig",
     "EngineConfig",
     "EvalConfig",

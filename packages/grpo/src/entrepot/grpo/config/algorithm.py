@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from entrepot.grpo.config.correction import CorrectionConfig
+from entrepot.grpo.config.distill import DistillConfig
 from entrepot.grpo.config.fields import check, check_choice, doc
 
 __all__ = ["AdvantageKind", "AlgorithmConfig", "KLKind", "LossAgg", "LossKind"]
@@ -127,6 +128,14 @@ class AlgorithmConfig:
             "Off-policy correction of the train / inference mismatch: a detached weight or mask on "
             "each token's surrogate loss from rho = exp(trainer log-prob - rollout log-prob) "
             "(kind, level, cap, low, high; metrics offpolicy/*). KL and entropy are not reweighted."
+        ),
+    )
+    distill: DistillConfig = field(
+        default_factory=DistillConfig,
+        metadata=doc(
+            "On-policy distillation: a teacher's log-probs of the rollout's tokens give each model token "
+            "the advantage reward_weight * A_seq + coef * (teacher - student log-prob), at the rollout's "
+            "temperature (teacher, coef, reward_weight; metrics distill/*). The grpo docs' distillation page."
         ),
     )
 

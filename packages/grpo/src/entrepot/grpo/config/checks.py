@@ -24,6 +24,8 @@ __all__ = [
     "check_async",
     "check_batches",
     "check_colocation",
+    "check_distill",
+    "check_judge",
     "check_layout_fits_model",
     "check_lora",
     "check_memory_savers",
@@ -341,3 +343,26 @@ def check_judge(reward: RewardConfig, model: ModelConfig, algorithm: AlgorithmCo
     check(algorithm.kl_coef > 0, key, True, "false with algorithm.kl_coef = 0 (the run has no reference)")
     check(model.path is not None, key, True, "false without model.path (the built default's character "
           "tokenizer cannot read a rubric; set reward.judge.model_path)")  # fmt: skip
+
+
+def check_distill(
+    algorithm: AlgorithmConfig, engine: EngineConfig, trainer: TrainerConfig, rollout: RolloutConfig,
+    parallel: ParallelConfig,
+) -> None:  # fmt: skip
+    """What on-policy distillation does not run with is refused, naming the key: the megatron engine,
+    asynchronous training and partial rollout (the student log-probs must be the sampling policy's),
+    a model-parallel actor (the teacher is one whole model on each rank)."""
+    if not algorithm.distill.enabled:
+        return
+    why = "with algorithm.distill.teacher set"
+    check(engine.train == "torch", "engine.train", engine.train,
+          f"'torch' {why} (the teacher stage runs the torch engine's forward; megatron is not "
+          "wired)")  # fmt: skip
+    check(not trainer.asynchronous, "trainer.mode", trainer.mode,
+          f"'sync' {why} (the student log-probs are the current policy's, which sampled the rows only "
+          "in synchronous training)")  # fmt: skip
+    check(rollout.partial_max_tokens is None, "rollout.partial_max_tokens", rollout.partial_max_tokens,
+          f"null {why} (a response spanning rounds was sampled by several policy versions)")  # fmt: skip
+    check(parallel.train.tensor == 1 and parallel.train.pipeline == 1, "parallel.train",
+          f"tensor={parallel.train.tensor}, pipeline={parallel.train.pipeline}",
+          f"tensor=1, pipeline=1 {why} (the teacher is one whole model on each rank)")  # fmt: skip

@@ -69,8 +69,8 @@ class EngineConfig:
     offload_reference: bool | None = field(
         default=None,
         metadata=doc(
-            "Keep the co-located reference in host memory outside its stage; null = on an accelerator "
-            "(cuda, npu), not on CPU (where host memory is the device)."
+            "Keep the co-located reference (and the distillation teacher) in host memory outside its "
+            "stage; null = on an accelerator (cuda, npu), not on CPU (where host memory is the device)."
         ),
     )
     offload_reward_models: bool | None = field(

@@ -90,6 +90,7 @@ class GRPOConfig:
         checks.check_judge(self.reward, self.model, self.algorithm)
         checks.check_multiturn(self.multiturn, self.rollout, self.algorithm, self.parallel, self.data,
                                self.reward)  # fmt: skip
+        checks.check_distill(self.algorithm, self.engine, self.trainer, self.rollout, self.parallel)
 
     @property
     def run_name(self) -> str:

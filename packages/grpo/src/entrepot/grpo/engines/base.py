@@ -108,8 +108,11 @@ class TrainEngine(Protocol):
     tp_rank: int
     frozen_reference: FrozenOnDemand  # the reference's parameters (none without one), offloaded or not
 
-    def logprobs(self, batch: ResponseBatch, pass_name: str, *, reference: bool) -> torch.Tensor | None:
-        """Log-probs [R] of the response tokens (None on ranks that do not compute them)."""
+    def logprobs(
+        self, batch: ResponseBatch, pass_name: str, *, reference: bool, temperature: float = 1.0
+    ) -> torch.Tensor | None:
+        """Log-probs [R] of the response tokens under softmax(logits / temperature) (None on ranks that
+        do not compute them)."""
         ...
 
     def update(self, inputs: UpdateInputs) -> dict[str, float]:

@@ -67,13 +67,15 @@ class TorchTrainer:
         reference_params = [] if reference is None else list(reference.parameters())
         self.frozen_reference = FrozenOnDemand(reference_params, offload=offload_reference)
 
-    def logprobs(self, batch: ResponseBatch, pass_name: str, *, reference: bool) -> torch.Tensor:
+    def logprobs(
+        self, batch: ResponseBatch, pass_name: str, *, reference: bool, temperature: float = 1.0
+    ) -> torch.Tensor:
         model = self.reference if reference else self.model
         if model is None:
             raise RuntimeError("reference log-probs asked for but this rank holds no reference")
         with self.reference_resident() if reference else contextlib.nullcontext():
-            return compute_logprobs(model, batch, self.batching, pass_name,
-                                    pad_token_id=self.pad_token_id, lanes=self.lanes)  # fmt: skip
+            return compute_logprobs(model, batch, self.batching, pass_name, pad_token_id=self.pad_token_id,
+                                    lanes=self.lanes, temperature=temperature)  # fmt: skip
 
     def update(self, inputs: UpdateInputs) -> dict[str, float]:
         return ppo_update(self.model, self.optimizer, self._scheduler, inputs, self.algorithm, self.batching,

@@ -31,7 +31,7 @@ from entrepot.grpo.errors import CheckpointError
 from entrepot.grpo.run.manifest import read_manifest, verify_manifest
 from entrepot.grpo.run.resume import latest_checkpoint
 
-__all__ = ["char_tokenizer_as_hf", "checkpoint_directory", "export_checkpoint"]
+__all__ = ["char_tokenizer_as_hf", "checkpoint_directory", "export_checkpoint", "load_trained"]
 
 _HF_FILES = ("config.json", "generation_config.json", "model.safetensors")  # of a checkpoint's hf/
 
@@ -121,10 +121,22 @@ def _copy_hf(directory: Path, out: Path, listed: Collection[str]) -> None:
 
 def _save_trained(directory: Path, config: GRPOConfig, out: Path) -> Any:
     """Load the torch engine's ``model.safetensors`` into the run's model, save it to `out`; its tokenizer."""
+    from entrepot.grpo.engines.policy import quiet_hf_progress
+
+    model, tokenizer = load_trained(directory, config)
+    save: Any = model.save_pretrained  # an HF model's, or EmbeddedGPT2's through its HF view
+    with quiet_hf_progress():
+        save(out)
+    return tokenizer
+
+
+def load_trained(directory: Path, config: GRPOConfig) -> tuple[Any, Any]:
+    """The run's model (`initial_model`) holding a torch-engine checkpoint's ``model.safetensors``, and
+    its tokenizer; a `CheckpointError` if the weights do not fit the model."""
     import torch
     from safetensors.torch import load_file
 
-    from entrepot.grpo.engines.policy import initial_model, quiet_hf_progress
+    from entrepot.grpo.engines.policy import initial_model
 
     model, setup = initial_model(config)
     weights = load_file(str(directory / "model.safetensors"))
@@ -136,10 +148,7 @@ def _save_trained(directory: Path, config: GRPOConfig, out: Path) -> Any:
             f"checkpoint {str(directory)!r}: model.safetensors does not fit the run's model: missing "
             f"{sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}"
         )
-    save: Any = model.save_pretrained  # an HF model's, or EmbeddedGPT2's through its HF view
-    with quiet_hf_progress():
-        save(out)
-    return setup.tokenizer
+    return model, setup.tokenizer
 
 
 def _tokenizer(config: GRPOConfig) -> Any:

@@ -116,11 +116,11 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
     model directory's config and tokenizer (not its weights), refuses one whose config declares a
     quantization (`engines.model_import.check_not_quantized`), checks its shape against the parallel
     layout, the longest sequence and the tokenizer (and, with engine.train=megatron, that megatron's
-    recipe builds its architecture and RoPE), checks the reference directory and the
-    reward-model directories (configs and tokenizers), reads the prompt files and reads every gold
-    answer the way the math verifiers will (`rewards.check_gold_answers`). A multi-turn run imports
-    its environment and, with a local model, checks that its chat template is append-only
-    (`multiturn.template_check`). With `every_prompt`
+    recipe builds its architecture and RoPE), checks the reference directory, the distillation
+    teacher (`engines.teacher.check_teacher`) and the reward-model directories (configs and
+    tokenizers), reads the prompt files and reads every gold answer the way the math verifiers will
+    (`rewards.check_gold_answers`). A multi-turn run imports its environment and, with a local model,
+    checks that its chat template is append-only (`multiturn.template_check`). With `every_prompt`
     (`train` and ``rl grpo config validate``) every prompt is also encoded under the chat template,
     in batches, so one too long for ``data.max_prompt_tokens`` is found before a run, not at the step
     that draws it.
@@ -161,6 +161,7 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
                 where = f"model.path ({config.model.path!r}) with multiturn.environment set"
                 raise TemplateError(f"{where}: {exc} (rl grpo check-template shows the check)") from None
     _check_reference(config, hf_config)
+    _check_teacher(config, hf_config)
     if config.multiturn.environment is not None:  # it imports, and its stop texts are single tokens
         from entrepot.grpo.data.sources import build_task
         from entrepot.grpo.multiturn import load_environment, stop_token_ids
@@ -232,6 +233,22 @@ def _check_reference(config: GRPOConfig, policy: Any) -> None:
                 f"model.ref_model_load_path ({path!r}) has {key}={theirs!r}, the policy {ours!r}: the "
                 f"reference must match the policy ({why})"
             )
+
+
+def _check_teacher(config: GRPOConfig, policy: Any) -> None:
+    """`algorithm.distill.teacher` exists (a checkpoint: verified) and has the policy's vocabulary size.
+
+    `policy` is model.path's HF config (None: the built decoder, whose vocabulary is the task's).
+    """
+    path = config.algorithm.distill.teacher
+    if path is None:
+        return
+    from entrepot.grpo.data.sources import build_task
+    from entrepot.grpo.engines.teacher import check_teacher
+
+    built = policy is None  # the built decoder's vocabulary is its task tokenizer's
+    vocab = build_task(config).tokenizer.vocab_size if built else getattr(policy, "vocab_size", None)
+    check_teacher(path, vocab)
 
 
 def _check_model_shape(config: GRPOConfig, hf_config: Any) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import torch
@@ -107,6 +107,18 @@ class DockReader:
             batch := self.get(dock, consumer, columns, count, min_count=min_count, alone=alone)
         ) is not None:
             yield batch
+
+    def stage_batches(
+        self, dock: DockClient, consumer: str, columns: Sequence[str], count: int, min_count: int,
+        rows: Sequence[int] | None = None,
+    ) -> Iterable[Batch]:  # fmt: skip
+        """A log-prob stage's batches: shared rows (`batches`), or, given the step's `rows`, this DP
+        replica's chunks of `count` of them (the step sizes `count` so each replica gets one share)."""
+        if rows is None:
+            return self.batches(dock, consumer, columns, count, min_count=min_count)
+        chunks = [rows[i : i + count] for i in range(0, len(rows), count)]
+        mine = chunks[self.rank.dp_rank :: self.rank.dp_size]
+        return (self.take(dock, consumer, columns, chunk) for chunk in mine)
 
     def take(self, dock: DockClient, consumer: str, columns: Sequence[str], rows: Sequence[int]) -> Batch:
         """Exactly `rows` (a plan made by the driver), in that order."""

@@ -16,7 +16,11 @@ from entrepot.grpo.config.correction import resolve as resolve_correction
 from entrepot.grpo.engines.base import SamplingParams
 from entrepot.grpo.workers._stage import SEQUENCE_COLUMNS
 
-__all__ = ["UpdateColumns", "response_batch", "update_columns", "update_inputs"]
+__all__ = ["TOKEN_ADVANTAGES", "UpdateColumns", "response_batch", "update_columns", "update_inputs"]
+
+TOKEN_ADVANTAGES = "token_advantages"
+"""Flat per row, one advantage per response token (distillation); without it `advantages` (one per
+response) is broadcast over the response's tokens."""
 
 _OLD_BEHAVIOUR = "rollout_log_prob"
 """With partial rollout the importance ratio divides by each token's behaviour log-prob: the policy
@@ -42,6 +46,7 @@ class UpdateColumns:
         behaviour: the rollout's log-probs' column for the off-policy correction (None: no correction).
         correction: the resolved `algorithm.correction`.
         model_mask: multi-turn rows: the loss reads which tokens the model sampled.
+        token_advantages: the advantages are per token (`TOKEN_ADVANTAGES`: distillation).
     """
 
     columns: list[str]
@@ -50,6 +55,7 @@ class UpdateColumns:
     behaviour: str | None
     correction: CorrectionConfig
     model_mask: bool = False
+    token_advantages: bool = False
 
 
 def update_columns(
@@ -75,7 +81,10 @@ def update_columns(
     columns += [old] if old else []
     columns += [_OLD_BEHAVIOUR] if corrected and old != _OLD_BEHAVIOUR else []
     columns += ["model_mask"] if multiturn else []
-    return UpdateColumns(columns, use_ref, old, _OLD_BEHAVIOUR if corrected else None, correction, multiturn)
+    per_token = algorithm.distill.enabled
+    columns += [TOKEN_ADVANTAGES] if per_token else []
+    return UpdateColumns(columns, use_ref, old, _OLD_BEHAVIOUR if corrected else None, correction, multiturn,
+                         per_token)  # fmt: skip
 
 
 def update_inputs(
@@ -106,4 +115,5 @@ def update_inputs(
         behaviour_logp=None if columns.behaviour is None else data[columns.behaviour].float(),
         correction=columns.correction,
         model_mask=data["model_mask"].bool() if columns.model_mask else None,
+        token_advantages=data[TOKEN_ADVANTAGES].float() if columns.token_advantages else None,
     )  # fmt: skip

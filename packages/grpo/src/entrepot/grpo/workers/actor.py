@@ -1,4 +1,4 @@
-"""The co-located actor worker: rollout, reward models, reference and old log-probs, and the update.
+"""The co-located actor worker: rollout, reward models, reference, old and teacher log-probs, the update.
 
 One instance per rank of the actor group, all on one device. It holds a `Policy` (training model,
 rollout engine, reference) and switches between them with entrepot.resharding's `ShardingManager`:
@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from entrepot.dock import Batch, DockClient
+from entrepot.dock import DockClient
 from entrepot.grpo.agents import build_rollout
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.config.correction import resolve as resolve_correction
@@ -45,6 +45,7 @@ from entrepot.grpo.workers._rollout import (
     reshard_metrics,
 )
 from entrepot.grpo.workers._stage import SEQUENCE_COLUMNS, DockReader, stage
+from entrepot.grpo.workers._teacher import Teacher, TeacherStage
 from entrepot.grpo.workers._update_inputs import response_batch, update_columns, update_inputs
 from entrepot.grpo.workers._weight_out import WeightOut
 from entrepot.grpo.workers.ranks import RankInfo
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 __all__ = ["ActorWorker"]
 
 
-class ActorWorker(ActorInspection):
+class ActorWorker(ActorInspection, TeacherStage):
     """One rank of the co-located actor.
 
     Args:
@@ -104,6 +105,7 @@ class ActorWorker(ActorInspection):
                                      config.trainer.weight_sync_timeout_s)  # fmt: skip
         self.memory = PhaseMemory(config.engine.device, self._device_bytes)
         self.multiturn = build_rollout(config.multiturn, self.policy.setup.tokenizer)
+        self.teacher = Teacher.build(config)  # algorithm.distill.teacher, or None
 
     def _parameters(self) -> list[torch.Tensor]:
         """The training parameters, listed once (they keep their identity; offloading empties them)."""
@@ -122,6 +124,7 @@ class ActorWorker(ActorInspection):
         optim = [v for state in self.trainer.torch_optimizer.state.values() for v in state.values()
                  if isinstance(v, torch.Tensor)]  # fmt: skip
         rewards = list(self.model_rewards.params()) if self.model_rewards is not None else []
+        rewards += self.teacher.frozen.params if self.teacher is not None else []
         frozen = device_bytes([*params, *grads, *optim, *self.trainer.frozen_reference.params, *rewards])
         return frozen + int(self.policy.engine.resident_bytes())
 
@@ -271,13 +274,7 @@ class ActorWorker(ActorInspection):
         masked = mismatch is not None and self.config.multiturn.enabled  # the model's tokens only
         columns = [*SEQUENCE_COLUMNS, *(["rollout_log_prob"] if mismatch is not None else []),
                    *(["model_mask"] if masked else [])]  # fmt: skip
-        if rows is None:
-            batches: Iterable[Batch] = self.reader.batches(dock, consumer, columns, count, min_count=n)
-        else:  # the step's rows, `count` a replica (the step sizes `count` so each gets one share)
-            chunks = [rows[i : i + count] for i in range(0, len(rows), count)]
-            mine = chunks[self.rank.dp_rank :: self.rank.dp_size]
-            batches = (self.reader.take(dock, consumer, columns, chunk) for chunk in mine)
-        for batch in batches:
+        for batch in self.reader.stage_batches(dock, consumer, columns, count, n, rows):
             sequences = response_batch(batch)
             logp = self.trainer.logprobs(sequences, column, reference=reference)
             if self._writes and logp is not None:  # the last pipeline stage computes them

@@ -101,6 +101,11 @@ def launch(config: GRPOConfig, run_dir: str | None = None) -> Cluster:
             "env_reward": ColumnSpec(scalar=True), "env_accuracy": ColumnSpec(scalar=True),
             "end_reason": ColumnSpec(scalar=True),
         })  # fmt: skip
+    if config.algorithm.distill.enabled:  # the teacher stage's log-probs; the per-token advantages
+        from entrepot.grpo.workers._teacher import DISTILL_COLUMNS, TEACHER_STAGE, TOKEN_ADVANTAGES
+
+        dock_args["extra_columns"].update(dict.fromkeys([*DISTILL_COLUMNS, TOKEN_ADVANTAGES], ColumnSpec()))
+        dock_args["extra_consumers"] = [TEACHER_STAGE]
     separate = not resources.colocate
     wants_reference = separate and config.algorithm.kl_coef > 0
     wants_reward_models = separate and bool(config.reward.models)

@@ -100,8 +100,11 @@ class MegatronTrainer:
     # -- passes --------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def logprobs(self, batch: ResponseBatch, pass_name: str, *, reference: bool) -> torch.Tensor | None:
+    def logprobs(
+        self, batch: ResponseBatch, pass_name: str, *, reference: bool, temperature: float = 1.0
+    ) -> torch.Tensor | None:
         """Log-probs [R] of the response tokens on the last pipeline stage (None on the others)."""
+        assert temperature == 1.0, "the config refuses distillation (its temperature) with megatron"
         model = self.reference if reference else self.chunks
         if model is None:
             raise RuntimeError("reference log-probs asked for but algorithm.kl_coef == 0")
