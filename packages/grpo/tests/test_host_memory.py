@@ -108,3 +108,14 @@ def test_a_view_is_copied_to_a_storage_of_its_own() -> None:
         assert torch.equal(copy, view) and copy.is_contiguous()
         assert copy.untyped_storage().data_ptr() != flat.untyped_storage().data_ptr()
         assert copy.untyped_storage().nbytes() == copy.numel() * copy.element_size()
+
+
+def test_the_estimate_counts_a_checkpoints_copy_only_where_capture_state_makes_one() -> None:
+    from entrepot.grpo.run.memory import estimate_memory
+
+    on_cpu = estimate_memory(load_config(None, []))
+    assert on_cpu.stages["checkpoint"][1] <= on_cpu.stages["update"][1]  # nothing beyond the update's host
+    for overrides in (["engine.device=cuda"], ["engine.offload_optimizer=true"]):
+        copied = estimate_memory(load_config(None, overrides))
+        state = copied.params + copied.reference + copied.optimizer
+        assert copied.stages["checkpoint"][1] >= state > 0, overrides
