@@ -32,17 +32,43 @@ print(tuned, libc.mallinfo2().hblkhd - before >= 2 << 20)
 """
 
 
-def _mapped_apart(mode: str) -> str:
+def _run(script: str, *args: str) -> str:
+    """`script`'s output in a fresh interpreter (glibc's settings are the process's)."""
     env = {"PATH": "", "PYTHONPATH": ":".join(sys.path)}  # no MALLOC_* of the caller's
-    done = subprocess.run([sys.executable, "-c", _MAPPED_APART, mode], capture_output=True, text=True,
-                          env=env, check=True, timeout=60)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
+                          env=env, check=True, timeout=120)  # fmt: skip
     return done.stdout.strip()
 
 
 @pytest.mark.skipif(host_allocator._glibc() is None, reason="glibc's allocator only")
 def test_the_tuned_allocator_maps_a_block_of_a_mib_or_more_apart() -> None:
-    assert _mapped_apart("defaults") == "False False"  # glibc's dynamic threshold keeps it in the heap
-    assert _mapped_apart("tune") == "True True"
+    assert _run(_MAPPED_APART, "defaults") == "False False"  # glibc's dynamic threshold: in the heap
+    assert _run(_MAPPED_APART, "tune") == "True True"
+
+
+_TRIMMED = """
+import ctypes, os
+from entrepot.grpo.embedded.host_allocator import release_host_memory
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+blocks = [libc.malloc(4000) for _ in range(50_000)]  # 200 MB of small blocks, from the heap
+for block in blocks:
+    ctypes.memset(block, 1, 4000)
+for block in blocks[:-1]:  # the last one keeps the heap's top in use: free pages below it stay
+    libc.free(block)
+before = rss()
+released = release_host_memory()
+print(released, before - rss() > 100 << 20)
+"""
+
+
+@pytest.mark.skipif(host_allocator._glibc() is None, reason="glibc's allocator only")
+def test_release_hands_the_heaps_free_pages_back() -> None:
+    assert _run(_TRIMMED) == "True True"
 
 
 def test_the_users_own_malloc_settings_win(monkeypatch: pytest.MonkeyPatch) -> None:
