@@ -21,6 +21,7 @@ from entrepot.dock import DockStateError
 from entrepot.grpo.asynchronous import AsyncSampling
 from entrepot.grpo.config import GRPOConfig, config_to_dict
 from entrepot.grpo.data.sources import TaskSetup, build_task, encode_prompt
+from entrepot.grpo.embedded.host_allocator import release_host_memory
 from entrepot.grpo.embedded.threads import configure_threads
 from entrepot.grpo.engines.registry import choose_engines
 from entrepot.grpo.errors import CheckpointError
@@ -220,6 +221,8 @@ class Trainer:
             writers.append(lambda tmp: self._wait([self.actors.call(ActorWorker.export_hf, str(tmp / "hf"))]))
         shards = [_shard(rank) for rank in self.actors.ranks]
         ckpt.write_checkpoint(directory, states, meta, writers, shards, owner=self.owner)
+        del states
+        release_host_memory()  # what serialising the state freed (an in-process run's workers are here)
         ckpt.prune(self.run_dir, self.config.checkpoint.keep_last)
         return directory
 

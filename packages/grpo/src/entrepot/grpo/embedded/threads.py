@@ -1,9 +1,10 @@
-"""Thread and kernel settings for every torch process of a run.
+"""Thread, kernel and allocator settings for every torch process of a run.
 
 On a small shared machine OpenMP's default busy-wait made a tiny model 5-10x slower, so every
 process sets `OMP_WAIT_POLICY` before torch loads (Ray workers get it from the job's environment,
 see `entrepot.grpo.run.ray_start`) and
 caps torch's intra- and inter-op threads. `engine.deterministic` asks for deterministic kernels here too.
+Each process also fixes glibc's mmap threshold (`entrepot.grpo.embedded.host_allocator`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 from typing import TYPE_CHECKING
+
+from entrepot.grpo.embedded.host_allocator import tune_host_allocator
 
 if TYPE_CHECKING:
     from entrepot.grpo.config import ThreadsConfig
@@ -30,9 +33,11 @@ def worker_env(config: ThreadsConfig) -> dict[str, str]:
 
 
 def configure_threads(config: ThreadsConfig, *, interop: bool = False) -> None:
-    """Set torch's thread counts (and the env for children); interop only in fresh processes."""
+    """Set torch's thread counts (and the env for children) and glibc's allocator; interop only in
+    fresh processes."""
     for key, value in worker_env(config).items():
         os.environ.setdefault(key, value)
+    tune_host_allocator()  # before the model: the threshold applies to blocks allocated from now on
     import torch
 
     torch.set_num_threads(config.torch_threads)

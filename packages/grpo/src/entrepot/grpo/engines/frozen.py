@@ -52,6 +52,11 @@ class FrozenOnDemand:
             self._offloader.offload_params()
 
     @property
+    def offloads(self) -> bool:
+        """Whether the parameters leave the device outside `resident()` (`offload` and any to move)."""
+        return self._offloader is not None
+
+    @property
     def offloaded(self) -> bool:
         """Whether the parameters are in host memory now."""
         return self._offloader is not None and self._offloader.is_offloaded("params")

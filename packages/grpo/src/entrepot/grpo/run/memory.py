@@ -21,10 +21,12 @@ generation that follows, taken at its three fullest moments (per rank, on the ra
 and that of the update (torch engine): params, grads, optimizer, the resident reference and idle
 rollout weights, plus the largest micro-batch's activations and LM-head logits
 (`entrepot.grpo.run.activations`); and a checkpoint's, whose `capture_state` copies params,
-reference and optimizer state into host memory before writing them. On engine.device=cpu every
-moment also counts the process's own runtime (`CPU_RUNTIME_BYTES`: Python, torch, transformers, the
-tokenizer). The CPU allocator keeps what the update freed for reuse, so later moments of a measured
-run sit somewhat above their figures here (BENCHMARKS.md: within 20% on SmolLM2-135M).
+reference and optimizer state into host memory before writing them (on CPU only when an
+`engine.offload_*` key empties them after the capture; else it writes them as they are). On
+engine.device=cpu every moment also counts the process's own runtime (`CPU_RUNTIME_BYTES`: Python,
+torch, transformers, the tokenizer). The CPU allocator keeps what the update freed for reuse, so
+later moments of a measured run sit somewhat above their figures here (BENCHMARKS.md: within 20% on
+SmolLM2-135M).
 
 `engine.offload_params`, `offload_optimizer`, `offload_reference` and `offload_reward_models` keep
 theirs in host memory meanwhile and `offload_grads` drops the gradients (the next update starts from
@@ -324,6 +326,9 @@ def _with_stages(
     idle_device, idle_host = _idle_rollout_weights(e, kind)
     params_in_load = e.params if not flags.offload_params or params_leave_after_load else 0
     params_gone = 0 if flags.offload_params else e.params
+    reference_leaves = flags.reference_offloaded and e.reference > 0
+    emptied = flags.offload_params or flags.offload_optimizer or reference_leaves
+    copied = not e.on_cpu or emptied  # what `capture_state` copies (on CPU: what offloading empties)
     stages = {
         "reshard": (
             e.params + sum(resident) + e.resharded_copy + e.reshard_scratch + idle_device,
@@ -349,9 +354,10 @@ def _with_stages(
             on_host[1] + on_host[2] + idle_host,
         ),
         # a checkpoint's `capture_state` copies params, reference and optimizer state to host memory
+        # (host tensors that nothing offloads after the capture are written as they are)
         "checkpoint": (
             e.params + sum(resident) + idle_device,
-            sum(on_host) + idle_host + e.params + e.reference + e.optimizer,
+            sum(on_host) + idle_host + (e.params + e.reference + e.optimizer if copied else 0),
         ),
     }
     stages = {name: (device + e.runtime, host) for name, (device, host) in stages.items()}

@@ -6,6 +6,9 @@ optimizer state, rollout weights, reference, reward models: distinct storages) s
 start, while its models are onloaded, and at its end, and raised by the peak of each ShardingManager
 transition inside it (its record, sampled between the transition's own steps, plus what the manager
 does not track); activations are not in it.
+
+At each stage's end the process's C heap hands its free pages back to the OS (`release_host_memory`:
+glibc's malloc_trim), so what one stage freed is not still resident while the next one peaks.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import torch
+
+from entrepot.grpo.embedded.host_allocator import release_host_memory
 
 __all__ = ["PhaseMemory", "Sample"]
 
@@ -68,3 +73,4 @@ class PhaseMemory:
         else:
             sample()
         stats[f"memory/{name}_peak_bytes"] = float(peak)
+        release_host_memory()
