@@ -17,10 +17,12 @@ for the endpoint, p50 / p99 request latency over every request of the timed runs
 wall seconds and generated tokens per second, and how the engine was used (calls of
 `RolloutEngine.generate`, mean prompts a call, seconds inside it: the rest of the wall is HTTP, JSON,
 sessions and scheduling); then the endpoint / in-process ratio of tokens per second against the goal
-of 0.8x, and /proc/loadavg at the start and the end.
+of 0.8x, and /proc/loadavg at the start and the end. `--profile` adds one run of each setting that prints
+the CPU seconds of each thread (for the endpoint: the agents' loop, the server's loop, the request
+workers) next to the seconds inside the engine.
 
     python packages/grpo/benchmarks/bench_agents.py [--sessions 32] [--turns 3] [--repeats 3]
-        [--warmup 1] [--max-new-tokens 6] [--seed 0]
+        [--warmup 1] [--max-new-tokens 6] [--seed 0] [--profile]
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # made a tiny model 5-10x slower 
 
 import argparse
 import statistics
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -161,6 +164,44 @@ def _run(rollout: Any, setup: dict[str, Any], seed: int) -> dict[str, float]:
     }  # fmt: skip
 
 
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) of each live thread of this process, summed by thread name."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+        except FileNotFoundError:  # the thread ended since the listing
+            continue
+        name = names.get(int(task.name), "other (native)")
+        name = "AnyIO worker thread" if name.startswith("AnyIO worker") else name
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+ROLES = {
+    "MainThread": "the rollout's caller: the runner, or the agents' asyncio loop (openai + httpx + pydantic)",
+    "entrepot-agent-server": "the server's loop: uvicorn HTTP, FastAPI routing, JSON responses",
+    "AnyIO worker thread": "request workers: parse, render, sessions, the batched engine generate",
+}
+
+
+def profile(name: str, rollout: Any, setup: dict[str, Any], seed: int) -> None:
+    """One more run of `name`: CPU seconds by thread against the seconds inside the engine, to tell
+    the HTTP/JSON cost from the batching of concurrent requests."""
+    before = _thread_cpu()
+    row = _run(rollout, setup, seed)
+    after = _thread_cpu()
+    spent = {n: after[n] - before.get(n, 0.0) for n in after}
+    print(f"profile, one {name} run: wall {row['wall']:.3f} s, {row['calls']:.0f} engine calls of "
+          f"{row['per_call']:.1f} prompts, {row['generate']:.3f} s inside them; CPU s by thread "
+          f"({sum(spent.values()):.3f} in all):")  # fmt: skip
+    for thread in sorted(spent, key=lambda n: -spent[n]):
+        if spent[thread] >= 0.005:
+            print(f"  {thread:24} {spent[thread]:7.3f}  {ROLES.get(thread, '')}")
+
+
 def _quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -174,6 +215,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per setting first")
     parser.add_argument("--max-new-tokens", type=int, default=6, help="tokens a model turn may take")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", action="store_true", help="one more run each: CPU by thread")
     args, _ = parser.parse_known_args()  # the bench-grpo session passes its posargs to every script
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     print(f"bench_agents: /proc/loadavg at the start: {_loadavg()}")
@@ -196,6 +238,10 @@ def main() -> None:
                 row = _run(rollout, setup, args.seed + k)
                 if k >= args.warmup:
                     results[name].append(row)
+        timed_latencies = list(latencies)
+        if args.profile:
+            for name, rollout in rollouts.items():
+                profile(name, rollout, setup, args.seed)
     finally:
         for rollout in rollouts.values():
             rollout.close()
@@ -212,8 +258,9 @@ def main() -> None:
     for name, rows in results.items():
         walls = ", ".join(f"{r['wall']:.3f}" for r in rows)
         print(f"  {name} wall seconds per run: {walls}")
-    p50, p99 = (1000 * _quantile(latencies, q) for q in (0.5, 0.99))
-    print(f"endpoint request latency over {len(latencies)} requests: p50 {p50:.1f} ms, p99 {p99:.1f} ms")
+    p50, p99 = (1000 * _quantile(timed_latencies, q) for q in (0.5, 0.99))
+    count = len(timed_latencies)
+    print(f"endpoint request latency over {count} requests: p50 {p50:.1f} ms, p99 {p99:.1f} ms")
     ratio = medians["endpoint"]["tokens_per_s"] / medians["in-process"]["tokens_per_s"]
     verdict = "met" if ratio >= GOAL else "NOT met"
     print(f"endpoint / in-process generated tokens per second: {ratio:.2f}x (goal >= {GOAL}x: {verdict})")
