@@ -125,6 +125,28 @@ def test_a_mistyped_key_names_the_nearest_one(
         load_config(tmp_path / "typo.yaml")
 
 
+def test_a_renamed_key_is_refused_naming_the_new_one(tmp_path: Path) -> None:
+    """`algorithm.max_staleness` moved to `trainer.max_staleness`: refused as an override and in YAML."""
+    message = re.escape("algorithm.max_staleness was renamed: use trainer.max_staleness")
+    with pytest.raises(GRPOConfigError, match=message):
+        load_config(None, ["rollout.partial_max_tokens=3", "algorithm.max_staleness=1"])
+    (tmp_path / "old.yaml").write_text("algorithm:\n  lr: 0.01\n  max_staleness: null\n")
+    with pytest.raises(GRPOConfigError, match=message):
+        load_config(tmp_path / "old.yaml")
+
+
+def test_one_staleness_bound_keeps_each_modes_default() -> None:
+    """trainer.max_staleness null: async keeps its bound of 1, partial rollout (and sync) no bound."""
+    assert load_config(None, ["trainer.mode=async"]).trainer.async_max_staleness == 1
+    lockstep = load_config(None, ["trainer.mode=async", "trainer.max_staleness=0"])
+    assert lockstep.trainer.async_max_staleness == 0
+    assert load_config(None, ["rollout.partial_max_tokens=3"]).trainer.max_staleness is None
+    partial = load_config(None, ["rollout.partial_max_tokens=3", "trainer.max_staleness=2"])
+    assert partial.trainer.max_staleness == 2
+    with pytest.raises(GRPOConfigError, match=re.escape("trainer.max_staleness (1) must be null without")):
+        load_config(None, ["trainer.max_staleness=1"])  # sync, no partial rollout: nothing is stale
+
+
 def test_a_key_near_none_lists_the_allowed_keys_only() -> None:
     with pytest.raises(GRPOConfigError) as raised:
         load_config(None, ["rollout.zzzz=1"])

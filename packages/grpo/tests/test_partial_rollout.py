@@ -93,7 +93,7 @@ def test_max_age_forces_completions_and_staleness_drops_old_groups(tmp_path: Pat
     assert sum(r["partial/forced_completions"] for r in rows) > 0
     assert all("partial/tokens_age_2" not in r for r in rows)
     strict = load_config(
-        None, [*PARTIAL, "max_steps=6", "algorithm.max_staleness=1", "rollout.n_samples_per_prompt=2"]
+        None, [*PARTIAL, "max_steps=6", "trainer.max_staleness=1", "rollout.n_samples_per_prompt=2"]
     )
     train(strict, tmp_path / "strict")
     rows = read_metrics(tmp_path / "strict" / "metrics.jsonl")
@@ -149,10 +149,18 @@ def test_overlapping_stages_through_ray_train_the_same_groups(ray_session, tmp_p
             ],
             "parallel.infer.tensor (2) must be 1 with rollout.partial_max_tokens",
         ),
-        (["algorithm.max_staleness=1"], "algorithm.max_staleness"),
+        (["trainer.max_staleness=1"], "trainer.max_staleness"),  # sync: only partial rollout is stale
         (["rollout.max_age=2"], "rollout.max_age"),
     ],
 )
 def test_config_refuses_what_partial_rollout_does_not_run(overrides: list[str], key: str) -> None:
     with pytest.raises(GRPOConfigError, match=re.escape(key)):  # the budget's check is the data wing's
         check_task_fits(load_config(None, overrides))
+
+
+def test_the_docs_partial_rollout_command_loads() -> None:
+    """training-modes.md's partial rollout command (its staleness bound on trainer.max_staleness) loads."""
+    page = (Path(__file__).parents[1] / "docs" / "training-modes.md").read_text()
+    (command,) = [line for line in page.splitlines() if line.startswith("rl grpo train rollout.partial")]
+    config = load_config(None, command.split()[3:])
+    assert config.rollout.partial_max_tokens == 3 and config.trainer.max_staleness == 2

@@ -92,7 +92,7 @@ class AsyncSampling:
         placement = getattr(self.rollouts, "placement", None)
         where = placement.describe() if placement is not None else "rollout rank 0 on a thread here"
         how = f"signed weight channel at {self.channel}" if self.channel else "weights handed over in memory"
-        return (f"asynchronous: {where}; {how}; max_staleness {trainer.max_staleness} "
+        return (f"asynchronous: {where}; {how}; max_staleness {trainer.async_max_staleness} "
                 f"({trainer.staleness_policy})")  # fmt: skip
 
     # -- the step's side ------------------------------------------------------------------------

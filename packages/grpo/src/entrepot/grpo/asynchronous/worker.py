@@ -62,7 +62,8 @@ class RolloutWorker:
         del model
         self.scorer = RewardWorker(config)
         trainer = config.trainer
-        self.ledger = Ledger(config.rollout.prompts_per_step, trainer.max_staleness, trainer.staleness_policy)
+        bound = trainer.async_max_staleness
+        self.ledger = Ledger(config.rollout.prompts_per_step, bound, trainer.staleness_policy)
         self.mailbox = WeightMailbox(timeout=trainer.weight_sync_timeout_s)
         self.channel_address, self._secret = channel, secret
         self._channel: WeightChannel | None = None
@@ -91,7 +92,7 @@ class RolloutWorker:
         self.loop = RolloutLoop(
             self.engine, sampling, dock, self.ledger, self.mailbox, self._admit, self._score,
             group_size=rollout.n_samples_per_prompt,
-            slots=config.trainer.rollout_slots or (config.trainer.max_staleness + 1) * rollout.batch_size,
+            slots=config.trainer.rollout_slots or (self.ledger.max_staleness + 1) * rollout.batch_size,
             chunk_tokens=config.trainer.chunk_tokens, pad_token_id=int(tok.pad_token_id),
             generator=sampling_generator(config.seed + step), name=self.name,
             multiturn=build_rollout(config.multiturn, tok),

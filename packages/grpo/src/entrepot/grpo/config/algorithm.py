@@ -114,13 +114,6 @@ class AlgorithmConfig:
     grad_clip: float | None = field(
         default=1.0, metadata=doc("Clip the global grad norm to this; None disables.")
     )
-    max_staleness: int | None = field(
-        default=None,
-        metadata=doc(
-            "Partial rollout: policy versions (steps) a group's oldest token may lag the policy it "
-            "trains; the dock drops older groups (dock/rows_stale). None = no limit."
-        ),
-    )
 
     correction: CorrectionConfig = field(
         default_factory=CorrectionConfig,
@@ -174,5 +167,3 @@ class AlgorithmConfig:
             check(
                 self.mini_batch_size >= 1, "algorithm.mini_batch_size", self.mini_batch_size, ">= 1 or null"
             )
-        if self.max_staleness is not None:
-            check(self.max_staleness >= 0, "algorithm.max_staleness", self.max_staleness, ">= 0 or null")

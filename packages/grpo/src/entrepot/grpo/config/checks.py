@@ -223,7 +223,7 @@ def check_rollout_engine(engine: EngineConfig, model: ModelConfig) -> None:
 
 
 def check_partial_rollout(
-    rollout: RolloutConfig, algorithm: AlgorithmConfig, parallel: ParallelConfig
+    rollout: RolloutConfig, algorithm: AlgorithmConfig, parallel: ParallelConfig, trainer: TrainerConfig
 ) -> None:
     """Partial rollout runs with the torch rollout engines, one round per step, no dynamic sampling.
 
@@ -231,9 +231,9 @@ def check_partial_rollout(
     width: `entrepot.grpo.data.checks.check_partial_budget`.
     """
     if rollout.partial_max_tokens is None:
-        staleness = algorithm.max_staleness
-        check(staleness is None, "algorithm.max_staleness", staleness,
-              "null without rollout.partial_max_tokens (nothing else is stale)")  # fmt: skip
+        staleness = trainer.max_staleness
+        check(staleness is None or trainer.asynchronous, "trainer.max_staleness", staleness,
+              "null without trainer.mode=async or rollout.partial_max_tokens (nothing is stale)")  # fmt: skip
         return
     check(not algorithm.dynamic_sampling, "algorithm.dynamic_sampling", True,
           "false with rollout.partial_max_tokens (a step trains the groups that finished)")  # fmt: skip

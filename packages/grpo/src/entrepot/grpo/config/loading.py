@@ -156,12 +156,20 @@ def _did_you_mean(where: str) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+# Keys that moved, old dotted name -> new one: refused naming the new key (YAML and overrides alike).
+_RENAMED_KEYS: dict[str, str] = {"algorithm.max_staleness": "trainer.max_staleness"}
+
+
 def _build(cls: Any, data: Mapping[str, Any], prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = [k for k in data if k not in names]
+    dotted = [f"{prefix}.{k}" if prefix else str(k) for k in unknown]
+    for where in dotted:
+        if where in _RENAMED_KEYS:
+            raise GRPOConfigError(f"{where} was renamed: use {_RENAMED_KEYS[where]}")
     if unknown:
-        where = f"{prefix}.{unknown[0]}" if prefix else str(unknown[0])
+        where = dotted[0]
         raise GRPOConfigError(
             f"unknown key {where!r}{_did_you_mean(where)}; allowed keys here: {', '.join(names)}"
         )

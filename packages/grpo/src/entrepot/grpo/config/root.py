@@ -80,7 +80,7 @@ class GRPOConfig:
         checks.check_parallel(self.parallel, self.engine, self.resources)
         checks.check_layout_fits_model(self.parallel.train, self.model)
         checks.check_rollout_engine(self.engine, self.model)
-        checks.check_partial_rollout(self.rollout, self.algorithm, self.parallel)
+        checks.check_partial_rollout(self.rollout, self.algorithm, self.parallel, self.trainer)
         checks.check_truncation_mask(self.rollout, self.algorithm)
         checks.check_lora(self.model, self.engine)
         checks.check_memory_savers(self.model, self.engine)

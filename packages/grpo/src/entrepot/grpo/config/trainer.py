@@ -17,6 +17,7 @@ __all__ = ["StalenessPolicy", "TrainerConfig", "TrainerMode"]
 
 TrainerMode = Literal["sync", "async"]
 StalenessPolicy = Literal["wait", "drop"]
+ASYNC_MAX_STALENESS = 1  # async's bound when trainer.max_staleness is null; partial rollout's is none
 
 
 @dataclass(kw_only=True)
@@ -32,11 +33,14 @@ class TrainerConfig:
             "package's docs/training-modes.md)."
         ),
     )
-    max_staleness: int = field(
-        default=1,
+    max_staleness: int | None = field(
+        default=None,
         metadata=doc(
-            "async: policy versions (steps) the oldest token of a trained group may lag the policy "
-            "it trains; 0 = every token sampled by the policy being updated."
+            "Policy versions (steps) the oldest token of a trained group may lag the policy it trains; "
+            "0 = every token sampled by the policy being updated. One bound for both schedules that "
+            "train stale tokens: async (staleness_policy holds the rollout back or drops groups) and "
+            "partial rollout (rollout.partial_max_tokens: the dock drops older groups, dock/rows_stale). "
+            "null = each one's default: 1 for async, no bound for partial rollout."
         ),
     )
     staleness_policy: StalenessPolicy = field(
@@ -85,7 +89,8 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         check_choice("trainer.mode", self.mode, ("sync", "async"))
         check_choice("trainer.staleness_policy", self.staleness_policy, ("wait", "drop"))
-        check(self.max_staleness >= 0, "trainer.max_staleness", self.max_staleness, ">= 0")
+        if self.max_staleness is not None:
+            check(self.max_staleness >= 0, "trainer.max_staleness", self.max_staleness, ">= 0 or null")
         check(self.chunk_tokens >= 1, "trainer.chunk_tokens", self.chunk_tokens, ">= 1")
         if self.rollout_slots is not None:
             check(self.rollout_slots >= 1, "trainer.rollout_slots", self.rollout_slots, ">= 1 or null")
@@ -99,3 +104,8 @@ class TrainerConfig:
     @property
     def asynchronous(self) -> bool:
         return self.mode == "async"
+
+    @property
+    def async_max_staleness(self) -> int:
+        """The bound async training enforces: `max_staleness`, or 1 when it is null (the async default)."""
+        return ASYNC_MAX_STALENESS if self.max_staleness is None else self.max_staleness

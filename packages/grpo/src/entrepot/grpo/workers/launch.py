@@ -86,7 +86,7 @@ def launch(config: GRPOConfig, run_dir: str | None = None) -> Cluster:
         },
         "seed": config.seed,
         "max_age": max_age if partial else None,
-        "max_staleness": config.algorithm.max_staleness,
+        "max_staleness": config.trainer.max_staleness if partial else None,  # async: the ledger's
     }  # fmt: skip
     if wants_prompt_text(config):  # the prompt's text for the environment or the judge
         dock_args["extra_columns"]["prompt_text"] = ColumnSpec()
@@ -200,4 +200,4 @@ def _ray_dock(
 
 def _async_steps(config: GRPOConfig) -> int:
     """Steps' worth of groups an asynchronous rollout keeps going (1 in synchronous training)."""
-    return config.trainer.max_staleness + 1 if config.trainer.asynchronous else 1
+    return config.trainer.async_max_staleness + 1 if config.trainer.asynchronous else 1
