@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from entrepot.grpo import GRPOConfig, GRPOConfigError, dump_yaml, load_config
-from entrepot.grpo.config import config_to_dict
+from entrepot.grpo.config import config_from_dict, config_to_dict
 
 
 def test_default_is_the_embedded_run() -> None:
@@ -130,9 +130,18 @@ def test_a_renamed_key_is_refused_naming_the_new_one(tmp_path: Path) -> None:
     message = re.escape("algorithm.max_staleness was renamed: use trainer.max_staleness")
     with pytest.raises(GRPOConfigError, match=message):
         load_config(None, ["rollout.partial_max_tokens=3", "algorithm.max_staleness=1"])
-    (tmp_path / "old.yaml").write_text("algorithm:\n  lr: 0.01\n  max_staleness: null\n")
+    (tmp_path / "old.yaml").write_text("algorithm:\n  lr: 0.01\n  max_staleness: 2\n")
     with pytest.raises(GRPOConfigError, match=message):
         load_config(tmp_path / "old.yaml")
+
+
+def test_a_renamed_key_left_at_null_is_dropped_so_configs_saved_before_load() -> None:
+    """Every config a run saved before the rename holds `algorithm.max_staleness: null` (its old default):
+    resume, export and eval read them, so a null old key says nothing and is dropped."""
+    saved = config_to_dict(load_config(None, []))
+    saved["algorithm"]["max_staleness"] = None
+    assert config_from_dict(saved) == load_config(None, [])
+    assert load_config(None, ["algorithm.max_staleness=null"]) == load_config(None, [])
 
 
 def test_one_staleness_bound_keeps_each_modes_default() -> None:

@@ -157,6 +157,8 @@ def _did_you_mean(where: str) -> str:
 
 
 # Keys that moved, old dotted name -> new one: refused naming the new key (YAML and overrides alike).
+# A renamed key left at null, its old default, says nothing and is dropped: every config a run saved
+# before the rename holds it so (`algorithm.max_staleness: null`), and resume, export and eval read them.
 _RENAMED_KEYS: dict[str, str] = {"algorithm.max_staleness": "trainer.max_staleness"}
 
 
@@ -164,6 +166,12 @@ def _build(cls: Any, data: Mapping[str, Any], prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = [k for k in data if k not in names]
+    dotted = [f"{prefix}.{k}" if prefix else str(k) for k in unknown]
+    said_nothing = {
+        k for k, where in zip(unknown, dotted, strict=True) if where in _RENAMED_KEYS and data[k] is None
+    }
+    data = {k: v for k, v in data.items() if k not in said_nothing}
+    unknown = [k for k in unknown if k not in said_nothing]
     dotted = [f"{prefix}.{k}" if prefix else str(k) for k in unknown]
     for where in dotted:
         if where in _RENAMED_KEYS:
