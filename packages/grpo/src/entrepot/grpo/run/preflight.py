@@ -117,7 +117,7 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
     quantization (`engines.model_import.check_not_quantized`), checks its shape against the parallel
     layout, the longest sequence and the tokenizer (and, with engine.train=megatron, that megatron's
     recipe builds its architecture and RoPE), checks the reference directory, the distillation
-    teacher (`engines.teacher.check_teacher`) and the reward-model directories (configs and
+    teacher (`run.teacher.check_teacher`) and the reward-model directories (configs and
     tokenizers), reads the prompt files and reads every gold answer the way the math verifiers will
     (`rewards.check_gold_answers`). A multi-turn run imports its environment and, with a local model,
     checks that its chat template is append-only (`multiturn.template_check`). With `every_prompt`
@@ -244,7 +244,7 @@ def _check_teacher(config: GRPOConfig, policy: Any) -> None:
     if path is None:
         return
     from entrepot.grpo.data.sources import build_task
-    from entrepot.grpo.engines.teacher import check_teacher
+    from entrepot.grpo.run.teacher import check_teacher
 
     built = policy is None  # the built decoder's vocabulary is its task tokenizer's
     vocab = build_task(config).tokenizer.vocab_size if built else getattr(policy, "vocab_size", None)

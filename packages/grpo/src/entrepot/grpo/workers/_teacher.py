@@ -27,7 +27,7 @@ from entrepot.grpo.workers._update_inputs import TOKEN_ADVANTAGES, response_batc
 
 if TYPE_CHECKING:
     from entrepot.grpo.engines.policy import Policy
-    from entrepot.grpo.engines.teacher import TeacherSource
+    from entrepot.grpo.run.teacher import TeacherSource
     from entrepot.grpo.workers._memory import PhaseMemory
     from entrepot.grpo.workers._stage import DockReader
     from entrepot.grpo.workers.ranks import RankInfo
@@ -67,7 +67,7 @@ class Teacher:
     """The frozen teacher of `algorithm.distill.teacher` on this rank.
 
     Args:
-        source: the resolved teacher (`engines.teacher.resolve_teacher`).
+        source: the resolved teacher (`run.teacher.resolve_teacher`).
         model: the loaded teacher.
         temperature: the rollout's temperature (both log-probs are taken at it).
         offload: keep the teacher in host memory outside its stage.
@@ -83,7 +83,7 @@ class Teacher:
         path = config.algorithm.distill.teacher
         if path is None:
             return None
-        from entrepot.grpo.engines.teacher import load_teacher, resolve_teacher
+        from entrepot.grpo.run.teacher import load_teacher, resolve_teacher
 
         source = resolve_teacher(path)
         model = load_teacher(source, config.engine.device)
@@ -133,7 +133,7 @@ class TeacherStage:
         return stats
 
     def teacher_description(self) -> str:
-        """The start-up line naming the loaded teacher (`engines.teacher.TeacherSource.describe`)."""
+        """The start-up line naming the loaded teacher (`run.teacher.TeacherSource.describe`)."""
         return "" if self.teacher is None else self.teacher.source.describe()
 
     @property
