@@ -219,7 +219,7 @@ def main() -> None:
     args, _ = parser.parse_known_args()  # the bench-grpo session passes its posargs to every script
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     print(f"bench_agents: /proc/loadavg at the start: {_loadavg()}")
-    from entrepot.grpo.agents import AgentRollout
+    from entrepot.grpo.agents.rollout import AgentRollout
     from entrepot.grpo.multiturn.runner import MultiTurnRollout
 
     setup = _setup(args)

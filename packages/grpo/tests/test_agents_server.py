@@ -16,8 +16,11 @@ import openai
 import pytest
 import torch
 
-from entrepot.grpo.agents import AgentRollout, AgentServer, Serving, load_agent
+from entrepot.grpo.agents import load_agent
 from entrepot.grpo.agents.examples import calculate, calculator_agent
+from entrepot.grpo.agents.rollout import AgentRollout
+from entrepot.grpo.agents.server import AgentServer
+from entrepot.grpo.agents.serving import Serving
 from entrepot.grpo.config import ModelConfig
 from entrepot.grpo.data.tasks import MULTITURN_ALPHABET, CharTokenizer
 from entrepot.grpo.embedded.gpt2_layout import gpt2_hf_to_infer
@@ -270,3 +273,28 @@ def test_the_preflight_imports_the_agent_before_the_run() -> None:
             "data.num_digits=4",
         ]
         check_inputs(load_config(None, overrides))
+
+
+@pytest.mark.integration  # a fresh interpreter
+def test_a_run_without_an_agent_imports_no_server_package() -> None:
+    """The agents extra (FastAPI, uvicorn, openai) is needed only with multiturn.agent: the workers, the
+    preflight and the trainer import without it, and the preflight's refusal names the install command."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "for name in ('fastapi', 'uvicorn', 'openai', 'starlette'): sys.modules[name] = None\n"
+        "import entrepot.grpo.workers.actor, entrepot.grpo.asynchronous.worker, entrepot.grpo.trainer\n"
+        "import importlib.util\n"
+        "importlib.util.find_spec = lambda name, *a: None\n"
+        "from entrepot.grpo.agents import check_server_installed\n"
+        "try:\n"
+        "    check_server_installed()\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "GRPOConfigError multiturn.agent serves the policy over HTTP" in done.stdout
+    assert 'pip install "./packages/grpo[agents]"' in done.stdout

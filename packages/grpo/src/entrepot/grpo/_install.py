@@ -9,6 +9,7 @@ packages/cli/tests/test_install_hints.py checks that each folder exists and each
 from __future__ import annotations
 
 __all__ = [
+    "AGENTS",
     "COMMANDS",
     "GGUF",
     "LORA",
@@ -48,6 +49,7 @@ PARQUET = pip_install("parquet")
 LORA = pip_install("lora")
 WANDB = pip_install("wandb")
 GGUF = pip_install("gguf")  # engines.model_import: transformers' GGUF reader
+AGENTS = pip_install("agents")  # multiturn.agent: FastAPI, uvicorn and the openai client
 TENSORBOARD = "pip install tensorboard"  # no extra: PyPI's tensorboard is all it takes
 VLLM = f"CPU: {VLLM_CPU}; GPU: {VLLM_GPU}"
 
@@ -60,6 +62,9 @@ _MODULE_COMMANDS = {
     "wandb": WANDB,
     "gguf": GGUF,
     "pyarrow": PARQUET,
+    "fastapi": AGENTS,
+    "uvicorn": AGENTS,
+    "openai": AGENTS,
 }
 
 
@@ -74,4 +79,4 @@ def install_command(module: str) -> str:
 
 
 # Every command a message of this package prints (the test reads this).
-COMMANDS = (MEGATRON, VLLM_GPU, VLLM_CPU, PARQUET, LORA, WANDB, GGUF, TENSORBOARD)
+COMMANDS = (MEGATRON, VLLM_GPU, VLLM_CPU, PARQUET, LORA, WANDB, GGUF, AGENTS, TENSORBOARD)

@@ -6,23 +6,40 @@
 - `params`: a request's parameters, checked.
 - `rollout`: `AgentRollout`, ``multiturn.agent`` run once per trajectory.
 - `examples`: `calculator_agent`, the built-in calculator task written as an agent.
+
+The server needs FastAPI, uvicorn and the `openai` client (the ``agents`` extra): they are imported
+only when ``multiturn.agent`` is set, so a run without an agent needs none of them.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from entrepot.grpo.agents.rollout import Agent, AgentRollout
-from entrepot.grpo.agents.server import AgentServer
-from entrepot.grpo.agents.serving import Serving
+from entrepot.grpo._install import install_command
 from entrepot.grpo.config.multiturn import MultiTurnConfig
 from entrepot.grpo.errors import GRPOConfigError
 from entrepot.grpo.multiturn import build_multiturn
 from entrepot.grpo.multiturn.runner import TrajectoryRollout
 
-__all__ = ["Agent", "AgentRollout", "AgentServer", "Serving", "build_rollout", "load_agent"]
+if TYPE_CHECKING:
+    from entrepot.grpo.agents.rollout import Agent
+
+__all__ = ["SERVER_MODULES", "build_rollout", "check_server_installed", "load_agent"]
+
+SERVER_MODULES = ("fastapi", "uvicorn", "openai")  # the agents extra
+
+
+def check_server_installed(key: str = "multiturn.agent") -> None:
+    """A `GRPOConfigError` naming `key` and the install command when the server's packages are missing."""
+    missing = [name for name in SERVER_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise GRPOConfigError(
+            f"{key} serves the policy over HTTP, which needs {', '.join(missing)}: "
+            f"{install_command('fastapi')}"
+        )
 
 
 def load_agent(spec: str, key: str = "multiturn.agent") -> Agent:
@@ -46,6 +63,7 @@ def build_rollout(config: MultiTurnConfig, tokenizer: Any) -> TrajectoryRollout 
     """The multi-turn rollout of `config`: an agent's (`AgentRollout`), an environment's
     (`MultiTurnRollout`), or None (single-turn). The one place the rollout kind is chosen."""
     if config.agent is not None:
+        from entrepot.grpo.agents.rollout import AgentRollout
         from entrepot.grpo.multiturn.chat import chat_format
 
         agent = load_agent(config.agent)

@@ -169,8 +169,9 @@ def check_inputs(config: GRPOConfig, *, every_prompt: bool = False) -> None:
         task_tokenizer = tokenizer if tokenizer is not None else build_task(config).tokenizer
         stop_token_ids(load_environment(config.multiturn.environment), task_tokenizer)
     if config.multiturn.agent is not None:  # it imports, and is an async function
-        from entrepot.grpo.agents import load_agent
+        from entrepot.grpo.agents import check_server_installed, load_agent
 
+        check_server_installed()
         load_agent(config.multiturn.agent)
     if config.reward.models:
         from entrepot.grpo.engines.reward_model import check_reward_model_dir
