@@ -12,6 +12,7 @@ PPO + GAE (a learned value function) is not built: its row says so.
 
     python packages/grpo/benchmarks/bench_algorithms.py               # seed 0, ~2-3 minutes
     python packages/grpo/benchmarks/bench_algorithms.py --seeds 0 1 2 [--reward-weights 0 0.5]
+    python packages/grpo/benchmarks/bench_algorithms.py --teacher D/teacher --estimators --reward-weights 0.5
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
@@ -69,7 +71,7 @@ def _print_table(
     print(f"\n{'estimator':24} {'seed':>4} {head[0]:>12} {head[1]:>9} {head[2]:>7} {head[3]:>14} "
           f"{head[4]:>15} {f'steps to {high:.3f}':>15}")  # fmt: skip
     for seed in seeds:
-        base = rows["grpo", seed]
+        base = rows.get(("grpo", seed), {"steps": None, "step_s": None})  # `--estimators` without grpo
         for name in names:
             r = rows[name, seed]
             print(f"{name:24} {seed:4d} {_fmt(r['steps'], 'd'):>12} {_fmt(r['seconds'], '.1f'):>9} "
@@ -79,10 +81,28 @@ def _print_table(
     print(f"\ngoal: distillation reaches the teacher's accuracy ({high:.3f}) in <= 50% of GRPO's steps to it")
     for name in (m for m in names if m.startswith("distill")):
         for seed in seeds:
+            if ("grpo", seed) not in rows:
+                continue
             d, g = rows[name, seed]["steps_high"], rows["grpo", seed]["steps_high"]
             bound = 0.5 * (g if g is not None else max_steps)  # GRPO short of it: > max_steps
             met = "met" if d is not None and d <= bound else "not met"
             print(f"  {name} seed {seed}: {_fmt(d, 'd')} vs GRPO {_fmt(g, 'd')} ({_ratio(d, g)}): {met}")
+
+
+def _teacher(args: argparse.Namespace, out: Path) -> tuple[Path, float]:
+    """The teacher's run directory and its last evaluation's accuracy (that of its final checkpoint)."""
+    if args.teacher is not None:
+        lines = (args.teacher / "metrics.jsonl").read_text().splitlines()
+        accuracy = [json.loads(line)["accuracy"] for line in lines if '"accuracy"' in line][-1]
+        print(f"teacher: {args.teacher} (trained before), accuracy {accuracy:.3f}")
+        return args.teacher, accuracy
+    teacher = _run(["algorithm.advantage=grpo", f"seed={args.teacher_seed}", f"eval.every={args.eval_every}",
+                    f"max_steps={args.teacher_steps}"], out / "teacher", 1.0)  # fmt: skip
+    evals = [h for h in teacher["history"] if "accuracy" in h]
+    accuracy, last = evals[-1]["accuracy"], teacher["history"][-1]  # the checkpoint is saved at the end
+    print(f"teacher: GRPO seed {args.teacher_seed}, accuracy {accuracy:.3f} at step {last['step']} "
+          f"({last['elapsed']:.1f} s), {teacher['run_dir']}")  # fmt: skip
+    return teacher["run_dir"], accuracy
 
 
 def main() -> None:
@@ -95,6 +115,10 @@ def main() -> None:
     parser.add_argument("--teacher-seed", type=int, default=100)
     parser.add_argument("--reward-weights", type=float, nargs="+", default=[0.0],
                         help="algorithm.distill.reward_weight values to run")  # fmt: skip
+    parser.add_argument("--estimators", nargs="*", choices=ESTIMATORS, default=list(ESTIMATORS),
+                        help="advantages to run (grpo: the ratios' baseline)")  # fmt: skip
+    parser.add_argument("--teacher", type=Path, default=None,
+                        help="a teacher run trained before (an --out's teacher/)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=None)
     args, _ = parser.parse_known_args()  # the bench-grpo session passes its posargs to every script
     import torch
@@ -105,19 +129,14 @@ def main() -> None:
     load_start = Path("/proc/loadavg").read_text().strip()
     print(f"/proc/loadavg at start: {load_start} ({os.cpu_count()} cores); seeds {args.seeds}")
 
-    teacher = _run(["algorithm.advantage=grpo", f"seed={args.teacher_seed}", f"eval.every={args.eval_every}",
-                    f"max_steps={args.teacher_steps}"], out / "teacher", 1.0)  # fmt: skip
-    evals = [h for h in teacher["history"] if "accuracy" in h]
-    teacher_acc, last = evals[-1]["accuracy"], teacher["history"][-1]  # the checkpoint's (saved at the end)
-    print(f"teacher: GRPO seed {args.teacher_seed}, accuracy {teacher_acc:.3f} at step {last['step']} "
-          f"({last['elapsed']:.1f} s), {teacher['run_dir']}")  # fmt: skip
+    teacher_dir, teacher_acc = _teacher(args, out)
     high = max(args.target, teacher_acc)
 
-    methods: dict[str, list[str]] = {name: [f"algorithm.advantage={name}"] for name in ESTIMATORS}
+    methods: dict[str, list[str]] = {name: [f"algorithm.advantage={name}"] for name in args.estimators}
     for weight in args.reward_weights:
         methods[f"distill rw={weight:g}"] = [
             "algorithm.advantage=grpo",
-            f"algorithm.distill.teacher={teacher['run_dir']}",
+            f"algorithm.distill.teacher={teacher_dir}",
             f"algorithm.distill.reward_weight={weight}",
         ]
     rows: dict[tuple[str, int], dict[str, Any]] = {}
