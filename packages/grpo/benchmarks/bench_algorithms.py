@@ -10,7 +10,7 @@ its run directory is the teacher, the student a fresh model. Distillation runs g
 accuracy (the goal: reach it in at most 50% of GRPO's steps to it), so GRPO does too.
 PPO + GAE (a learned value function) is not built: its row says so.
 
-    python packages/grpo/benchmarks/bench_algorithms.py               # seed 0, ~2-3 minutes
+    python packages/grpo/benchmarks/bench_algorithms.py               # seed 0: ~3 minutes on 2 idle cores
     python packages/grpo/benchmarks/bench_algorithms.py --seeds 0 1 2 [--reward-weights 0 0.5]
     python packages/grpo/benchmarks/bench_algorithms.py --teacher D/teacher --estimators --reward-weights 0.5
 """
