@@ -9,10 +9,10 @@
     7.   actor update: each DP rank trains the rows planned for it, gradients summed over ranks
     8.   metrics, a few samples (step 1, then every `logging.samples_every`), evaluation, clear
 
-Every stage is a dock consumer on a worker group (`entrepot.grpo.workers`): the step calls typed
-methods on groups and never asks whether they are Ray actors or objects in this process. With
-`resources.blocking` each stage waits for the previous one; without it the stages of a phase start
-together and wait in the dock for their inputs, and the first failure fails the step (`StageError`).
+Every stage is a dock consumer on a worker group (`entrepot.grpo.workers`): the step calls typed methods
+on groups and never asks whether they are Ray actors or objects in this process. With `resources.blocking`
+each stage waits for the previous one; without it the stages of a phase start together and wait in the
+dock for their inputs, and the first failure fails the step (`StageError`).
 """
 
 from __future__ import annotations
@@ -65,8 +65,7 @@ class GRPOStep:
         setup: tokenizer and prompt source.
 
     Attributes:
-        data_position: prompts drawn from the source so far (a checkpoint saves it).
-        sampling: the sampling mode, chosen once.
+        sampling: the sampling mode, chosen once (`data_position`: the prompts it drew so far).
 
     The first step, and a step whose number is a multiple of `logging.samples_every`, also return a few
     of its rows as sample records (prompt, response, reward, per-verifier parts) under `SAMPLES_KEY`.
@@ -87,9 +86,8 @@ class GRPOStep:
             else choose_sampling(config.rollout, config.algorithm)
         )  # fmt: skip
         self.correction = resolve_correction(config.algorithm.correction, config.trainer.asynchronous)
-        self.estimator = choose_estimator(
-            self.algorithm.advantage, normalize_std=self.algorithm.normalize_std
-        )
+        algo = config.algorithm
+        self.estimator = choose_estimator(algo.advantage, normalize_std=algo.normalize_std)
         self._data_position = 0
         self._dock_totals: dict[str, float] = {}
         self.audit = AuditTracker(config.audit, config.data.task) if config.audit.enabled else None
@@ -329,8 +327,7 @@ class GRPOStep:
     # -- 6-7: advantages and the update's plan --------------------------------------------------
 
     def _advantages(self, rows: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        """Advantages of `rows` (one per response, by `algorithm.advantage`) into the dock; the scores
-        and metrics. The estimator's token counts are the model tokens of each response."""
+        """Advantages of `rows` (`algorithm.advantage`, on model tokens) into the dock; scores, metrics."""
         algo = self.algorithm
         if rows.numel() == 0:
             return torch.zeros(0), {}
