@@ -42,3 +42,27 @@ def test_a_ray_that_does_not_start_in_time_is_one_line_naming_the_load(tmp_path:
     assert "resources.use_ray=false" in output and "cores)" in output, output
     assert "Traceback" not in output, output
     assert not list((tmp_path / "runs").glob("*/metrics.jsonl"))
+
+
+WORKER_NICENESS = """
+import os
+from entrepot.grpo import load_config
+from entrepot.grpo.run.ray_start import start_ray
+import ray
+
+start_ray(load_config(None, ["resources.use_ray=true"]), None)
+print("niceness", ray.get(ray.remote(lambda: os.nice(0)).remote()), os.nice(0))
+"""
+
+
+def test_the_runs_ray_workers_run_at_the_drivers_priority() -> None:
+    """Ray starts its workers at nice 15: beside a CPU-bound neighbour of normal priority (a second
+    test suite on the machine) a dock test's producer actor got so little CPU that a consumer's 60 s
+    wait ran out. A run's local Ray starts them at the driver's priority."""
+    import sys
+
+    env = {key: value for key, value in rl_env().items() if key != "RAY_worker_niceness"}
+    done = subprocess.run([sys.executable, "-c", WORKER_NICENESS], capture_output=True, text=True, env=env,
+                          timeout=240)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "niceness 0 0" in done.stdout, done.stdout + done.stderr

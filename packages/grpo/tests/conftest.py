@@ -43,12 +43,13 @@ def ray_session(_ray_of_the_session):  # type: ignore[no-untyped-def]
             ray.shutdown()
         from entrepot.grpo.config import ThreadsConfig
         from entrepot.grpo.embedded.threads import worker_env
+        from entrepot.grpo.run.ray_start import WORKER_PRIORITY_ENV
 
         # The workers inherit the settings from Ray's own processes, as a local Ray `train` starts
         # (entrepot.grpo.run.ray_start): with a job `runtime_env` Ray would start a fresh process for
         # every actor instead of handing over the ones it prestarts, seconds each on 2 cores.
         here = str(Path(__file__).parent)
-        env = {**worker_env(ThreadsConfig()),
+        env = {**worker_env(ThreadsConfig()), **WORKER_PRIORITY_ENV,
                "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}  # fmt: skip
         with pytest.MonkeyPatch.context() as patch:  # only Ray's processes, started here, see them
             for key, value in env.items():

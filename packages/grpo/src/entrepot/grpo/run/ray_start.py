@@ -25,7 +25,12 @@ from entrepot.grpo.run.ray_session import record_session
 if TYPE_CHECKING:
     from entrepot.grpo.config import GRPOConfig
 
-__all__ = ["start_ray", "start_ray_while_importing", "start_timed_out"]
+__all__ = ["WORKER_PRIORITY_ENV", "start_ray", "start_ray_while_importing", "start_timed_out"]
+
+# Ray starts its worker processes at nice 15: beside any CPU-bound process of normal priority (another
+# run, a test suite, a user's job) the run's actors then get a few percent of a core and its stages
+# time out. A local Ray started here runs them at the driver's priority; the user's own setting wins.
+WORKER_PRIORITY_ENV = {"RAY_worker_niceness": "0"}
 
 # What ray.init raises (a bare Exception) when the node it started did not register in time.
 _RAY_START_TIMEOUT = "timed out during startup"
@@ -50,6 +55,8 @@ def start_ray(config: GRPOConfig, run_dir: str | Path | None) -> None:
                  logging_level="ERROR", log_to_driver=False)  # fmt: skip
     else:
         os.environ.update(env)
+        for key, value in WORKER_PRIORITY_ENV.items():
+            os.environ.setdefault(key, value)
         try:
             context = ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False)
         except Exception as exc:
