@@ -155,7 +155,7 @@ def test_the_update_counts_activations_and_logits_and_checkpointing_lowers_them(
     update_device, _ = plain.stages["update"]
     # the Llama-family engine reads the policy's parameters: no rollout copy (`can_read_policy`)
     assert plain.rollout_weights == 0 and plain.resharded_copy == 0
-    state = plain.params + plain.grads + plain.optimizer + plain.reference
+    state = plain.params + plain.grads + plain.lane_grads + plain.optimizer + plain.reference
     assert update_device == state + plain.activations + plain.logits + plain.runtime
     assert "prompts shared" in plain.activations_basis and "checkpointed" in checkpointed.activations_basis
 
@@ -164,3 +164,12 @@ def test_a_bfloat16_reference_counts_half() -> None:
     full = estimate_memory(load_config(None, []))
     half = estimate_memory(load_config(None, ["model.reference_dtype=bfloat16"]))
     assert half.reference * 2 == full.reference == full.params
+
+
+def test_each_extra_update_lane_holds_a_gradient_set_until_they_are_summed() -> None:
+    one, two = (estimate_memory(load_config(None, [*TINY_QWEN2, f"threads.lanes={n}"])) for n in (1, 2))
+    assert one.lane_grads == 0 and two.lane_grads == two.params == two.grads
+    assert sum(two.stages["update"]) - sum(one.stages["update"]) == two.params
+    assert two.stages["generate"] == one.stages["generate"]  # summed before the step ends
+    on_ray = estimate_memory(load_config(None, [*TINY_QWEN2, "resources.use_ray=true"]))
+    assert on_ray.lane_grads == 0  # Ray workers share the cores: one lane

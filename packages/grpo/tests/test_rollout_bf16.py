@@ -153,3 +153,33 @@ def test_the_memory_estimate_halves_the_rollout_copy_and_kv_cache() -> None:
                             for d in ("float32", "bfloat16"))  # fmt: skip
     assert gpt2_bf16.rollout_weights * 2 == gpt2_fp32.rollout_weights
     assert gpt2_bf16.kv_cache * 2 == gpt2_fp32.kv_cache
+
+
+def test_auto_never_picks_bf16_where_a_bf16_copy_would_be_refused() -> None:
+    from entrepot.grpo.engines.rollout_dtype import resolved_rollout_dtype
+
+    for overrides in (["engine.rollout=vllm"], ["engine.train=megatron"],
+                      ["rollout.partial_max_tokens=4", "algorithm.correction.kind=none"]):  # fmt: skip
+        config = load_config(None, ["engine.rollout_dtype=auto", *overrides])  # accepted, unlike bfloat16
+        assert resolved_rollout_dtype(config) == "float32"
+
+
+def test_auto_takes_bf16_only_where_this_machine_multiplies_it_faster(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from entrepot.grpo.engines import rollout_dtype
+    from entrepot.grpo.engines.policy import build_policy
+
+    speedup = rollout_dtype.bf16_speedup("cpu")  # timed for real: > 0, cached for the process
+    assert speedup > 0 and rollout_dtype.bf16_speedup("cpu") == speedup
+    config = load_config(None, ["engine.rollout_dtype=auto"])
+    expected = "bfloat16" if speedup >= rollout_dtype.MIN_SPEEDUP else "float32"
+    assert rollout_dtype.resolved_rollout_dtype(config) == expected
+    engine: Any = build_policy(config).engine  # the embedded GPT-2 engine builds the resolved dtype
+    assert next(iter(engine.weights.values())).dtype == getattr(torch, expected)
+    for measured, chosen in ((0.02, "float32"), (2.5, "bfloat16")):  # an AVX2-only CPU, one with AMX
+        monkeypatch.setattr(rollout_dtype, "bf16_speedup", lambda device, s=measured: s)
+        assert rollout_dtype.resolved_rollout_dtype(config) == chosen
+    for dtype in ("float32", "bfloat16"):  # a dtype set by name is never second-guessed
+        named = load_config(None, [f"engine.rollout_dtype={dtype}"])
+        assert rollout_dtype.resolved_rollout_dtype(named) == dtype

@@ -241,7 +241,11 @@ def test_the_start_up_line_names_the_engine() -> None:
     torch_engine = EngineConfig()
     assert (
         rollout_description(torch_engine, "Qwen3ForCausalLM")
-        == "rollout engine: llama kv-cache (Qwen3ForCausalLM)"
+        == "rollout engine: llama kv-cache (Qwen3ForCausalLM), float32"
+    )
+    auto = EngineConfig(rollout_dtype="auto")
+    assert rollout_description(auto, "Qwen3ForCausalLM", "bfloat16") == (
+        "rollout engine: llama kv-cache (Qwen3ForCausalLM), bfloat16 (engine.rollout_dtype: auto)"
     )
     assert rollout_description(torch_engine, "GemmaForCausalLM") == (
         "rollout engine: HF generate (fallback for GemmaForCausalLM)"

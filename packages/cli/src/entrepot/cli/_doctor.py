@@ -211,7 +211,7 @@ def memory_lines(estimate: MemoryEstimate) -> str:
     e = estimate
     where = "the device" if not e.on_cpu else "host memory (engine.device=cpu)"
     peak = e.peak_bytes + (e.offloaded_bytes if e.on_cpu else 0)
-    parts = [("weights", e.params), ("reference", e.reference), ("grads", e.grads),
+    parts = [("weights", e.params), ("reference", e.reference), ("grads", e.grads + e.lane_grads),
              ("optimizer", e.optimizer), ("activations", e.activations), ("logits", e.logits),
              ("KV cache", e.kv_cache), ("rollout copy", e.rollout_weights),
              ("runtime", e.runtime)]  # fmt: skip

@@ -273,7 +273,7 @@ def check_rollout_dtype(
     uncorrected (partial rollout, asynchronous training: `workers._update_inputs.update_columns`),
     an off-policy correction must weigh them instead, the float32 policy's being the old log-probs.
     """
-    if engine.rollout_dtype == "float32":
+    if engine.rollout_dtype != "bfloat16":  # auto never picks bfloat16 where it would be refused
         return
     key, value = "engine.rollout_dtype", engine.rollout_dtype
     check(engine.train == "torch", key, value, f"'float32' with engine.train={engine.train!r} (the bfloat16 "

@@ -85,9 +85,13 @@ def _torch_kind(architecture: str) -> RolloutKind:
 
 
 def _build_gpt2(config: Any, model: Any, copy_module: bool, lanes: int) -> tuple[Any, str]:
+    import torch
+
+    from entrepot.grpo.engines.rollout_dtype import resolved_rollout_dtype
     from entrepot.grpo.engines.rollout_embedded import build_embedded_engine
 
-    return build_embedded_engine(config.engine, model, lanes), "infer"
+    dtype = getattr(torch, resolved_rollout_dtype(config))
+    return build_embedded_engine(config.engine, model, lanes, dtype), "infer"
 
 
 def _build_llama(config: Any, model: Any, copy_module: bool, lanes: int) -> tuple[Any, str]:
@@ -176,6 +180,12 @@ _DESCRIPTIONS: dict[RolloutKind, str] = {
 }
 
 
-def rollout_description(engine: EngineConfig, architecture: str) -> str:
-    """The start-up line naming the rollout engine a policy of `architecture` gets."""
-    return "rollout engine: " + _DESCRIPTIONS[rollout_kind(engine, architecture)].format(architecture)
+def rollout_description(engine: EngineConfig, architecture: str, dtype: str = "float32") -> str:
+    """The start-up line naming the rollout engine a policy of `architecture` gets, and its `dtype`
+    where it is a KV-cache engine of ours (`engine.rollout_dtype` resolved)."""
+    kind = rollout_kind(engine, architecture)
+    line = "rollout engine: " + _DESCRIPTIONS[kind].format(architecture)
+    if kind in ("gpt2", "llama"):
+        chosen = " (engine.rollout_dtype: auto)" if engine.rollout_dtype == "auto" else ""
+        line += f", {dtype}{chosen}"
+    return line

@@ -174,8 +174,10 @@ class GPT2RolloutEngine(KVCacheDecoder):
         return gpt2_infer_to_hf(self.weights)
 
 
-def build_embedded_engine(engine: EngineConfig, model: torch.nn.Module, lanes: int) -> GPT2RolloutEngine:
+def build_embedded_engine(
+    engine: EngineConfig, model: torch.nn.Module, lanes: int, dtype: torch.dtype
+) -> GPT2RolloutEngine:
     """The embedded engine shaped like `model` (a GPT-2), decoding on `lanes` threads (the run's
-    compute lanes, as the log-prob and update passes have)."""
-    dtype = getattr(torch, engine.rollout_dtype)  # float32 | bfloat16 (validated)
+    compute lanes, as the log-prob and update passes have) in `dtype` (`engine.rollout_dtype` resolved:
+    `engines.rollout_dtype`)."""
     return GPT2RolloutEngine.from_hf_config(model.config, device=engine.device, lanes=lanes, dtype=dtype)

@@ -117,9 +117,9 @@ def build_hf_engine(engine: EngineConfig, model: torch.nn.Module, copy_module: b
     """HF `generate` over `model` (a copy of it when the trainer keeps training the original).
 
     Raises:
-        GRPOConfigError: ``engine.rollout_dtype`` is not float32 (HF generate runs the policy's dtype).
+        GRPOConfigError: ``engine.rollout_dtype`` is bfloat16 (HF generate runs the policy's dtype).
     """
-    if engine.rollout_dtype != "float32":
+    if engine.rollout_dtype == "bfloat16":  # auto: the policy's float32
         raise GRPOConfigError(
             f"engine.rollout_dtype={engine.rollout_dtype!r}: the HF generate fallback for "
             f"{type(model).__name__} runs the policy's float32 weights; a bfloat16 rollout copy is built "

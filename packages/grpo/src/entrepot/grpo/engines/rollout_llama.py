@@ -48,6 +48,7 @@ from entrepot.grpo.embedded.llama_layers import (
     unsupported,
 )
 from entrepot.grpo.engines.kv_decoding import Cache, KVCacheDecoder, NamedTensors, named_items, weight_target
+from entrepot.grpo.engines.rollout_dtype import resolved_rollout_dtype
 from entrepot.grpo.engines.rollout_hf import unfused_weights
 from entrepot.grpo.engines.token_sampling import InverseCdfSampler
 from entrepot.grpo.errors import GRPOConfigError
@@ -329,9 +330,10 @@ def build_llama_engine(
     """The engine for `model` and the layout it takes (`LocalResharder`'s target, or "policy").
 
     `trained_here`: this process keeps training `model` (so the engine may read its parameters).
-    With ``engine.rollout_dtype`` other than the policy's dtype the engine keeps a copy in that dtype.
+    With ``engine.rollout_dtype`` (`auto` resolved) other than the policy's dtype the engine keeps a
+    copy in that dtype.
     """
-    dtype = getattr(torch, config.engine.rollout_dtype)  # float32 | bfloat16 (validated)
+    dtype = getattr(torch, resolved_rollout_dtype(config))  # float32 | bfloat16
     same_dtype = next(model.parameters()).dtype == dtype
     if trained_here and same_dtype and can_read_policy(config, model):
         return LlamaRolloutEngine.reading(model, lanes), "policy"

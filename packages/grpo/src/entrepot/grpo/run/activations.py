@@ -33,7 +33,7 @@ from typing import Any
 from entrepot.grpo.config import GRPOConfig
 from entrepot.grpo.data.lengths import longest_sequence, response_budget
 
-__all__ = ["ACTIVATION_SLACK", "UpdateWorkingSet", "update_working_set"]
+__all__ = ["ACTIVATION_SLACK", "UpdateWorkingSet", "update_lanes", "update_working_set"]
 
 FLOAT32_BYTES = 4
 ACTIVATION_SLACK = 1.25  # attention kernel scratch and allocator rounding over the saved tensors
@@ -108,3 +108,15 @@ def update_working_set(
         f"{dims.num_layers} layers{checkpointed}; LM head over {positions} positions in {head}"
     )
     return UpdateWorkingSet(activations, logits, basis)
+
+
+def update_lanes(config: GRPOConfig) -> int:
+    """The compute lanes the torch engine's update splits a micro-batch over (`embedded.lanes`)."""
+    from entrepot.grpo.embedded.lanes import compute_lanes
+    from entrepot.grpo.run.deployment import uses_ray
+
+    on_ray = uses_ray(config.resources, config.parallel, config.dock)
+    from entrepot.grpo.engines.registry import choose_engines
+
+    splits = choose_engines(config.engine).train.lanes
+    return compute_lanes(config.threads, device=config.engine.device, splits=splits, on_ray=on_ray)

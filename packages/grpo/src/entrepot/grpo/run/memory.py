@@ -18,8 +18,9 @@ generation that follows, taken at its three fullest moments (per rank, on the ra
               or after it when the copy aliases them
     generate  params, grads, optimizer, reference, rollout weights, KV cache
 
-and that of the update (torch engine): params, grads, optimizer, the resident reference and idle
-rollout weights, plus the largest micro-batch's activations and LM-head logits
+and that of the update (torch engine): params, grads (one set more per extra compute lane, held until
+the lanes' sets are summed), optimizer, the resident reference and idle rollout weights, plus the
+largest micro-batch's activations and LM-head logits
 (`entrepot.grpo.run.activations`); and a checkpoint's, whose `capture_state` copies params,
 reference and optimizer state into host memory before writing them (on CPU only when an
 `engine.offload_*` key empties them after the capture; else it writes them as they are). On
@@ -55,9 +56,10 @@ from entrepot.grpo.config import (
     TrainParallelConfig,
 )
 from entrepot.grpo.engines.registry import RolloutKind, choose_engines, rollout_kind
+from entrepot.grpo.engines.rollout_dtype import resolved_rollout_dtype
 from entrepot.grpo.engines.rollout_vllm import vllm_kv_cache_bytes
 from entrepot.grpo.errors import DataError
-from entrepot.grpo.run.activations import UpdateWorkingSet, update_working_set
+from entrepot.grpo.run.activations import UpdateWorkingSet, update_lanes, update_working_set
 from entrepot.grpo.run.kv_cache import rollout_kv_cache
 
 __all__ = ["MemoryEstimate", "estimate_memory", "vllm_kv_cache_bytes"]
@@ -99,6 +101,8 @@ class MemoryEstimate:
         runtime: the process's own memory (engine.device=cpu; 0 on accelerators).
         stages: moment (the switch's three, and the update) -> (bytes on the device, bytes kept in
             host memory).
+        lane_grads: the gradient sets the update's extra compute lanes hold until they are summed
+            into `grads` (`threads.lanes` - 1 of them on a CPU run in one process; `embedded.lanes`).
     """
 
     num_params: int
@@ -119,6 +123,7 @@ class MemoryEstimate:
     activations_basis: str
     runtime: int
     stages: Mapping[str, tuple[int, int]]
+    lane_grads: int = 0
 
     @property
     def on_cpu(self) -> bool:
@@ -172,7 +177,8 @@ def estimate_memory(config: GRPOConfig) -> MemoryEstimate:
     params = _nbytes(_rank_shard(train, sharded, adaptor, train_state).values())
     # the Llama-family engine reads a torch policy's own parameters (`rollout_llama.can_read_policy`)
     # (in its dtype: a bfloat16 rollout keeps a copy of its own, as the embedded GPT-2 engine does)
-    rollout_bytes = _DTYPE_BYTES[config.engine.rollout_dtype] if kind in ("gpt2", "llama") else FLOAT32_BYTES
+    rollout_dtype = resolved_rollout_dtype(config)
+    rollout_bytes = _DTYPE_BYTES[rollout_dtype] if kind in ("gpt2", "llama") else FLOAT32_BYTES
     reads_policy = kind == "llama" and not (
         sharded or config.model.lora.enabled or config.engine.offload_params or rollout_bytes != FLOAT32_BYTES
     )
@@ -215,6 +221,7 @@ def estimate_memory(config: GRPOConfig) -> MemoryEstimate:
         activations_basis=working.basis,
         runtime=CPU_RUNTIME_BYTES if config.engine.device.split(":")[0] == "cpu" else 0,
         stages={},
+        lane_grads=0 if sharded else (update_lanes(config) - 1) * params,
     )
     return _with_stages(estimate, config.engine, kind, params_leave_after_load=aliases)
 
@@ -345,6 +352,7 @@ def _with_stages(
         "update": (  # everything the update trains with is back; the reference waits as between stages
             e.params
             + e.grads
+            + e.lane_grads
             + e.optimizer
             + resident[2]
             + resident[3]

@@ -153,8 +153,10 @@ class ActorWorker(ActorInspection, TeacherStage):
     def rollout_engine(self) -> str:
         """The start-up line naming this rank's rollout engine (`engines.registry.rollout_description`)."""
         from entrepot.grpo.engines.registry import rollout_description
+        from entrepot.grpo.engines.rollout_dtype import resolved_rollout_dtype
 
-        return rollout_description(self.config.engine, self.policy.architecture)
+        dtype = resolved_rollout_dtype(self.config)
+        return rollout_description(self.config.engine, self.policy.architecture, dtype)
 
     @stage("actor_rollout")
     def rollout(self, dock: DockClient, count: int, version: int = 0) -> dict[str, float]:
